@@ -14,10 +14,15 @@ _WRAPPERS = [
     (re.compile(r"^\\text(?:bf|rm)?\s*\{(.*)\}$", re.S), 1),
     (re.compile(r"^\\mathbf\s*\{(.*)\}$", re.S), 1),
 ]
-# Words and units that may follow an integer without changing it ("540 dollars", "12 cm").
-_UNIT = r"(?:[a-zA-Z]+\.?(?:\s+[a-zA-Z]+\.?){0,2}|\\%|%|\^\\circ|\^\{\\circ\}|°|\\text\s*\{[^{}]*\}|\\mbox\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\})"
+# Units that may follow an integer without changing it ("540 dollars", "12 cm", "90^\\circ").
+# A unit is a separate word of two or more letters; constants and multipliers ("3pi", "5x",
+# "2 thousand", "1 million") are not units, so those answers are not read as integers.
+_NOT_UNITS = r"(?:pi|million|millions|billion|billions|thousand|thousands|hundred|hundreds|dozen|dozens|trillion|times|squared|cubed|sqrt|i|e)\b"
+_WORD = r"(?!" + _NOT_UNITS + r")[a-zA-Z]{2,}\.?"
+_UNIT = (r"(?:\s+" + _WORD + r"(?:\s+" + _WORD + r"){0,2}|\s*(?:\\%|%|\^\\circ|\^\{\\circ\}|°)"
+         r"|\s*\\(?:text|mbox|mathrm)\s*\{\s*+(?!" + _NOT_UNITS + r")[a-zA-Z. ]*\})")
 _INT_RE = re.compile(
-    r"^(?P<sign>[-+−]?)\s*(?P<num>\d{1,3}(?:(?:,|\{,\}|\\,|\s)\d{3})+|\d+)(?:\.0*)?\s*(?:" + _UNIT + r")?$"
+    r"^(?:\\?\$)?(?P<sign>[-+−]?)\s*(?:\\?\$)?(?P<num>[0-9]{1,3}(?:(?:,|\{,\}|\\,|\\!|\s)+[0-9]{3})+|[0-9]+)(?:\.0*)?(?:" + _UNIT + r")?$"
 )
 
 

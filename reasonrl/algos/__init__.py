@@ -1,0 +1,63 @@
+"""reasonrl.algos: the RL formulas, one pure function each (tensors and masks in, tensors and
+python-float metrics out), plus the ``AlgoSpec`` table behind ``--algo``.
+
+Imports torch and the standard library only. Every formula is documented with its equation and
+tensor shapes; variants live in name -> function registries (``ADVANTAGE_ESTIMATORS``,
+``AGG_MODES``, ``KL_ESTIMATORS``) and algorithms in ``ALGOS``.
+"""
+
+from reasonrl.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    adaptive_lambda,
+    compute_advantages,
+    decoupled_gae,
+    gae,
+    grpo_advantages,
+    outcome_token_rewards,
+)
+from reasonrl.algos.evaluation import pass_at_k
+from reasonrl.algos.logits import entropy_from_logits, logprobs_from_logits
+from reasonrl.algos.losses import AGG_MODES, KL_ESTIMATORS, aggregate, kl_penalty, policy_loss, value_loss
+from reasonrl.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from reasonrl.algos.metrics import clipfrac_by_prob_bucket, explained_variance, mean_by_position
+from reasonrl.algos.rewards import informative_groups, overlong_penalty
+from reasonrl.algos.spec import ALGOS, AlgoSpec, get_algo
+
+__all__ = [
+    # advantages
+    "grpo_advantages",
+    "gae",
+    "decoupled_gae",
+    "adaptive_lambda",
+    "outcome_token_rewards",
+    "compute_advantages",
+    "ADVANTAGE_ESTIMATORS",
+    # losses
+    "aggregate",
+    "AGG_MODES",
+    "policy_loss",
+    "value_loss",
+    "kl_penalty",
+    "KL_ESTIMATORS",
+    # logits
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    # rewards / sampling
+    "overlong_penalty",
+    "informative_groups",
+    # evaluation
+    "pass_at_k",
+    # masked helpers
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    # metrics
+    "clipfrac_by_prob_bucket",
+    "mean_by_position",
+    "explained_variance",
+    # algorithm table
+    "AlgoSpec",
+    "ALGOS",
+    "get_algo",
+]

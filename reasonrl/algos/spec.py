@@ -1,0 +1,180 @@
+"""``AlgoSpec``: the table behind ``--algo``. One frozen row per algorithm; a new variant is a new
+row (or ``get_algo(name).replace(...)``), never new control flow in the trainer.
+
+| row   | advantage | critic | lambda actor/critic | eps low/high | loss agg            | DS | overlong filter/penalty | KL |
+|-------|-----------|--------|---------------------|--------------|---------------------|----|-------------------------|----|
+| ppo   | gae       | yes    | 0.95 / 0.95         | 0.2 / 0.2    | token-mean          | no | no / no                 | 0  |
+| vcppo | gae       | yes*   | 0.95 / 1.0          | 0.2 / 0.2    | token-mean          | no | no / no                 | 0  |
+| grpo  | grpo      | no     | -                   | 0.2 / 0.2    | seq-mean-token-mean | no | no / no                 | 0  |
+| dapo  | grpo      | no     | -                   | 0.2 / 0.28   | token-mean          | yes| yes / yes               | 0  |
+
+(* value pretraining required first.) gamma = 1.0 everywhere. Every field is documented once, in
+its ``metadata["help"]`` (``AlgoSpec.field_help(name)``); validation is in ``__post_init__`` and
+raises ValueError saying what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from reasonrl.algos.advantages import ADVANTAGE_ESTIMATORS
+from reasonrl.algos.losses import AGG_MODES, KL_ESTIMATORS
+
+__all__ = ["AlgoSpec", "ALGOS", "get_algo"]
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    """One RL algorithm as data: which advantage estimator, losses and sampling rules to use."""
+
+    name: str = _f("custom", "Row name, as given to --algo.")
+    advantage: str = _f(
+        "grpo", "Advantage estimator, a key of ADVANTAGE_ESTIMATORS: 'gae' (PPO, needs a critic) or 'grpo' (group-relative)."
+    )
+    use_critic: bool = _f(False, "Train a value model (required by, and only used with, advantage='gae').")
+    gamma: float = _f(1.0, "Discount of GAE (1.0 for outcome-reward reasoning tasks).")
+    lam_actor: float = _f(1.0, "GAE lambda for the policy's advantages (VC-PPO: 0.95; best range [0.95, 1.0)).")
+    lam_critic: float = _f(1.0, "GAE lambda for the critic's targets (VC-PPO: 1.0 = Monte-Carlo return with gamma=1).")
+    adaptive_lambda: bool = _f(
+        False, "Replace lam_actor per response by VAPO's 1 - 1/(adaptive_lambda_alpha * length) (gae only)."
+    )
+    adaptive_lambda_alpha: float = _f(0.05, "VAPO's alpha for adaptive_lambda.")
+    eps_low: float = _f(0.2, "Lower clip: the ratio is clipped at 1 - eps_low (A < 0).")
+    eps_high: float = _f(0.2, "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28).")
+    dual_clip: float | None = _f(None, "Dual-clip constant c > 1: per-token loss capped at c*|A| when A < 0 (None: off; usual 3).")
+    loss_agg: str = _f(
+        "token-mean",
+        "Loss aggregation, a key of AGG_MODES: 'token-mean' (DAPO), 'seq-mean-token-mean' (GRPO), "
+        "'seq-mean-token-sum-norm' (Dr. GRPO).",
+    )
+    dynamic_sampling: bool = _f(False, "Keep only groups with 0 < #correct < G, over-sampling to fill the batch (DAPO).")
+    overlong_filter: bool = _f(False, "Truncated responses (hit the cap without EOS) get mask 0: no loss (DAPO).")
+    overlong_penalty: bool = _f(False, "Add the soft overlong punishment (DAPO eq. 13) to the reward.")
+    kl_coef: float = _f(0.0, "Coefficient of the KL penalty against the reference policy (0: off, no reference model).")
+    kl_kind: str = _f("k3", "KL estimator, a key of KL_ESTIMATORS: 'k1', 'k2' or 'k3'.")
+    kl_in_reward: bool = _f(
+        False, "Put the KL penalty into the per-token rewards (gae only) instead of adding it to the loss."
+    )
+    grpo_scale_by_std: bool = _f(True, "GRPO: divide by the group std (False: Dr. GRPO, mean-centring only).")
+    pretrained_critic_required: bool = _f(
+        False, "The critic must be value-pretrained (Monte-Carlo targets, fixed policy) before RL starts (VC-PPO)."
+    )
+    value_clip: float | None = _f(None, "Value-loss clip eps_v around the rollout-time value (None: plain MSE).")
+    whiten_advantages: bool = _f(False, "Whiten advantages over the batch's valid tokens after estimation (PPO).")
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(f"algo '{self.name}': {msg}")
+
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            bad(f"advantage must be one of {', '.join(sorted(ADVANTAGE_ESTIMATORS))}, got '{self.advantage}'")
+        if self.advantage == "gae" and not self.use_critic:
+            bad("advantage='gae' needs use_critic=True")
+        if self.advantage != "gae" and self.use_critic:
+            bad(f"use_critic=True is only used with advantage='gae' (got '{self.advantage}')")
+        if self.pretrained_critic_required and not self.use_critic:
+            bad("pretrained_critic_required needs use_critic=True")
+        if not 0.0 < self.gamma <= 1.0:
+            bad(f"gamma must be in (0, 1], got {self.gamma}")
+        for k in ("lam_actor", "lam_critic"):
+            if not 0.0 <= getattr(self, k) <= 1.0:
+                bad(f"{k} must be in [0, 1], got {getattr(self, k)}")
+        if self.adaptive_lambda and self.advantage != "gae":
+            bad("adaptive_lambda only applies to advantage='gae'")
+        if self.adaptive_lambda_alpha <= 0:
+            bad(f"adaptive_lambda_alpha must be > 0, got {self.adaptive_lambda_alpha}")
+        if not 0.0 <= self.eps_low < 1.0 or self.eps_high < 0.0:
+            bad(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            bad(f"dual_clip must be > 1 or None, got {self.dual_clip}")
+        if self.loss_agg not in AGG_MODES:
+            bad(f"loss_agg must be one of {', '.join(AGG_MODES)}, got '{self.loss_agg}'")
+        if self.kl_kind not in KL_ESTIMATORS:
+            bad(f"kl_kind must be one of {', '.join(KL_ESTIMATORS)}, got '{self.kl_kind}'")
+        if self.kl_coef < 0:
+            bad(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_in_reward and self.advantage != "gae":
+            bad("kl_in_reward needs advantage='gae' (group advantages take one reward per response); use the loss")
+        if self.value_clip is not None and self.value_clip <= 0:
+            bad(f"value_clip must be > 0 or None, got {self.value_clip}")
+
+    def replace(self, **overrides: Any) -> "AlgoSpec":
+        """A copy with some fields changed (validated again). Unknown field: ValueError."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"unknown AlgoSpec field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return dataclasses.replace(self, **overrides)
+
+    @classmethod
+    def field_help(cls, name: str) -> str:
+        """The documentation of field ``name``."""
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return str(f.metadata.get("help", ""))
+        raise ValueError(f"unknown AlgoSpec field '{name}'")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as a plain dict (for logging / run metadata)."""
+        return dataclasses.asdict(self)
+
+
+_PPO = AlgoSpec(
+    name="ppo",
+    advantage="gae",
+    use_critic=True,
+    lam_actor=0.95,
+    lam_critic=0.95,
+    eps_low=0.2,
+    eps_high=0.2,
+    loss_agg="token-mean",
+    value_clip=0.2,  # reasonrl default for outcome rewards of +-1; not a paper setting
+    whiten_advantages=True,  # as verl's GAE
+)
+
+ALGOS: dict[str, AlgoSpec] = {
+    "ppo": _PPO,
+    # VC-PPO (arXiv 2503.01491): decoupled GAE (lam_critic = 1.0) + value pretraining.
+    "vcppo": _PPO.replace(name="vcppo", lam_actor=0.95, lam_critic=1.0, pretrained_critic_required=True),
+    # GRPO as published (sequence-mean loss); reasonrl turns its KL off by default (GRPO-zero).
+    "grpo": AlgoSpec(
+        name="grpo",
+        advantage="grpo",
+        use_critic=False,
+        eps_low=0.2,
+        eps_high=0.2,
+        loss_agg="seq-mean-token-mean",
+        kl_coef=0.0,
+        grpo_scale_by_std=True,
+    ),
+    # DAPO (arXiv 2503.14476): Clip-Higher, token-level loss, dynamic sampling, overlong
+    # filtering + soft punishment, no KL.
+    "dapo": AlgoSpec(
+        name="dapo",
+        advantage="grpo",
+        use_critic=False,
+        eps_low=0.2,
+        eps_high=0.28,
+        loss_agg="token-mean",
+        dynamic_sampling=True,
+        overlong_filter=True,
+        overlong_penalty=True,
+        kl_coef=0.0,
+        grpo_scale_by_std=True,
+    ),
+}
+"""The --algo table: name -> AlgoSpec."""
+
+
+def get_algo(name: str) -> AlgoSpec:
+    """The row ``name`` of ``ALGOS``; ValueError naming the valid names if unknown."""
+    try:
+        return ALGOS[name]
+    except KeyError:
+        raise ValueError(f"unknown algo '{name}'; valid: {', '.join(ALGOS)}") from None

@@ -1,0 +1,153 @@
+"""The `reasonrl` command line: thin Typer commands over plain stage functions.
+
+Every stage command is generated from its config dataclass: one ``--option`` per field (its help
+is the field's documentation), plus ``--config recipe.toml`` and repeated ``--set key=value``.
+Precedence: dataclass defaults < recipe < --set < explicit options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+import typing
+from typing import Any, Callable, List, Optional
+
+import typer
+
+from reasonrl.config import _base_type, build_config, load_recipe, parse_sets, recipe_layer
+from reasonrl.errors import ReasonRLError
+
+app = typer.Typer(
+    name="reasonrl",
+    help="RL for long chain-of-thought reasoning (DAPO, VC-PPO): prepare-data → pretrain-value → rollout → train → eval.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+eval_app = typer.Typer(help="Evaluate a policy: avg@n, pass@k, maj@n with bootstrap confidence intervals.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+def _option_type(tp: Any) -> Any:
+    base, _ = _base_type(tp)
+    if typing.get_origin(base) is list:
+        return Optional[List[str]]
+    return Optional[base]
+
+
+def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any], Any], *, help: str, stage: str | None = None,
+                  arguments: tuple[str, ...] = (), fixed: dict[str, Any] | None = None) -> None:
+    """Register ``name`` on ``target``: options from ``cls``'s fields, then ``run(config)``."""
+    hints = typing.get_type_hints(cls)
+    fixed = fixed or {}
+    params = []
+    for f in dataclasses.fields(cls):
+        if f.name in fixed:
+            continue
+        h = f.metadata.get("help", "")
+        default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        if f.name in arguments:
+            param_default: Any = typer.Argument(None, help=h, show_default=False)
+        else:
+            flag = "--" + f.name.replace("_", "-")
+            base, _ = _base_type(hints[f.name])
+            decls = [f"{flag}/--no-{f.name.replace('_', '-')}"] if base is bool else [flag]
+            param_default = typer.Option(None, *decls, help=f"{h} [default: {default}]", show_default=False)
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=param_default, annotation=_option_type(hints[f.name])))
+    params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                    default=typer.Option(None, "--config", "-c", help="TOML recipe (see stages/); its keys are this command's options.")))
+    params.append(inspect.Parameter("set_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
+                                    default=typer.Option(None, "--set", help="Override a recipe key: --set key=value (repeatable).")))
+
+    def command(**kwargs: Any) -> None:
+        recipe_path = kwargs.pop("config", None)
+        sets = kwargs.pop("set_", None)
+        with _user_errors():
+            recipe = recipe_layer(load_recipe(recipe_path), stage or name)
+            explicit = {k: v for k, v in kwargs.items() if v is not None and v != []}
+            cfg = build_config(cls, recipe, parse_sets(sets), explicit, fixed)
+            run(cfg)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__name__ = name.replace("-", "_")
+    command.__doc__ = help
+    target.command(name, help=help)(command)
+
+
+class _user_errors:
+    """ReasonRLError (and a few well-known user mistakes) → one line on stderr, exit code 1."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
+        if et is None:
+            return False
+        if issubclass(et, ReasonRLError):
+            msg = str(e).splitlines()[0] if str(e) else et.__name__
+        elif issubclass(et, KeyboardInterrupt):
+            msg = "interrupted (outputs without manifest.json are incomplete: rerun the stage)"
+        elif issubclass(et, MemoryError):
+            msg = "out of memory: lower --micro-batch-size / --gen-batch-size or --max-response-len"
+        else:
+            return False
+        typer.echo(f"error: {msg}", err=True)
+        raise typer.Exit(1)
+
+
+def _register() -> None:
+    from reasonrl.data.prepare import PrepareConfig, run_prepare
+    from reasonrl.stages.evaluate import EVAL_SETS, EvalConfig, run_eval
+    from reasonrl.stages.main_job import MainJobConfig, run_main_job
+    from reasonrl.stages.pretrain_value import PretrainValueConfig, run_pretrain_value
+    from reasonrl.stages.rollout_stage import RolloutConfig, run_rollout
+    from reasonrl.train.config import TrainConfig
+    from reasonrl.train.run import run_train
+
+    def prepare(cfg: PrepareConfig) -> None:
+        from rich.console import Console
+
+        from reasonrl.data.prepare import print_report
+
+        report = run_prepare(cfg)
+        print_report(report, Console())
+
+    stage_command(app, "prepare-data", PrepareConfig, prepare, arguments=("inputs",),
+                  help="Read math datasets, make every answer an integer (DAPO §3.5), template, dedupe, decontaminate, split; write verl-format parquet.")
+    stage_command(app, "pretrain-value", PretrainValueConfig, run_pretrain_value,
+                  help="VC-PPO value pretraining: sample from the fixed initial policy, λ=1 targets, train the critic; write it as an HF directory.")
+    stage_command(app, "rollout", RolloutConfig, run_rollout,
+                  help="Sample G responses per prompt, score them, write parquet (prompt, response, token ids, logprobs, finish reason, reward).")
+    stage_command(app, "train", TrainConfig, run_train,
+                  help="On-policy RL: --algo ppo | vcppo | grpo | dapo (rollout → rewards → filtering → advantages → updates → checkpoint).")
+    for set_name, (desc, _files) in EVAL_SETS.items():
+        stage_command(eval_app, set_name, EvalConfig, run_eval, stage="eval", fixed={"dataset": set_name},
+                      help=f"Evaluate on {desc}.")
+    stage_command(eval_app, "file", EvalConfig, run_eval, stage="eval",
+                  help="Evaluate on any dataset file (jsonl/json/parquet with problem + integer answer, or a prepare-data directory): --dataset PATH.")
+    stage_command(app, "main-job", MainJobConfig, run_main_job,
+                  help="The embedded demo: prepare-data → pretrain-value → train --algo dapo → eval, on SmolLM2-135M-Instruct and bundled arithmetic.")
+
+
+@app.command("make-tiny-model", hidden=True)
+def make_tiny_model(out: str = typer.Argument(..., help="Output directory"), seed: int = 0) -> None:
+    """Write the tiny random test model (byte-level BPE + 2-layer Llama, head_dim 32)."""
+    from reasonrl.models.tiny import build_tiny_model
+
+    typer.echo(str(build_tiny_model(out, seed=seed)))
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _register()
+    try:
+        app()
+    except ReasonRLError as e:  # raised outside a stage command
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

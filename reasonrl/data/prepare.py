@@ -1,0 +1,439 @@
+"""The prepare-data stage: math data sets in, verl-format train/validation parquet out.
+
+Steps: read the inputs (jsonl, json, parquet, verl RL parquet, saved ``datasets`` directories) ->
+map fields to (problem, answer) -> make every answer an integer (:func:`integerize`; with
+``integerize = false`` only rows whose answer is already an integer are kept) -> drop duplicate
+problems -> drop problems that overlap an evaluation set (n-grams) -> apply the prompt template ->
+split train/validation by seed -> write ``train.parquet``, ``validation.parquet``, ``report.json``
+and ``manifest.json`` (last).
+
+Output rows follow verl's RL format: ``data_source``, ``prompt`` (``[{"role": "user", "content"}]``),
+``ability`` ("math"), ``reward_model`` (``{"style": "rule", "ground_truth": "<int>"}``) and
+``extra_info`` (``index``, ``split``, ``raw_problem``, ``original_problem``, ``original_answer``,
+``rule``, ``source``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reasonrl.artifacts import MANIFEST, prepare_out_dir, read_manifest, write_json, write_manifest
+from reasonrl.config import check, opt, to_dict
+from reasonrl.data.decontaminate import EvalIndex, normalise_text
+from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
+from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
+from reasonrl.data.templates import TEMPLATES, apply_template
+from reasonrl.errors import MissingArtifactError, ReasonRLError
+from reasonrl.paths import DATA
+
+STAGE = "prepare-data"
+SPLITS = ("train", "validation")
+BUNDLED_DIR = DATA  # the repository's data/ folder
+#: Evaluation sets shipped with the package, usable by name in ``decontaminate``.
+BUNDLED = {"aime24": BUNDLED_DIR / "aime24.jsonl", "aime25": BUNDLED_DIR / "aime25.jsonl", "math500": BUNDLED_DIR / "math500.jsonl"}
+MAX_BAD_ROWS_LISTED = 50
+
+
+@dataclass
+class PrepareConfig:
+    """Configuration of ``reasonrl prepare-data``."""
+
+    inputs: list[str] = opt([], help="Math data to read: .jsonl/.json/.parquet files (verl RL parquet included), saved `datasets` directories, or directories of such files.")
+    out: str = opt("runs/data", help="Output directory for train.parquet, validation.parquet, report.json and manifest.json.")
+    integerize: bool = opt(True, help="Rewrite problems whose answer is not an integer (m/n -> m+n, a*sqrt(b) -> a+b, ...; DAPO section 3.5); false keeps only rows whose answer already is an integer.")
+    template: str = opt("dapo", help="Prompt template: 'dapo' (SPEC.md's DAPO template, answer on an 'Answer:' line), 'boxed' (answer in \\boxed{}), or 'none' (the raw problem).")
+    val_fraction: float = opt(0.05, help="Fraction of the kept rows held out for validation (at least 1 row when > 0 and 2+ rows are kept); ignored when val_size is set.")
+    val_size: int | None = opt(None, help="Exact number of validation rows (overrides val_fraction).")
+    seed: int = opt(0, help="Seed of the deterministic train/validation split.")
+    decontaminate: list[str] = opt(["aime24", "aime25", "math500"], help="Evaluation sets whose problems are removed from the data: bundled names (aime24, aime25, math500) or .jsonl/.json/.parquet paths; [] to skip.")
+    ngram: int = opt(13, help="Word n-gram size for decontamination over normalised text (problems shorter than n words are compared whole).")
+    min_overlap: float = opt(0.3, help="A problem is contaminated when the n-grams it shares with one evaluation problem cover this fraction of the shorter one's n-grams (a copy shares all; stock phrases like 'where m and n are relatively prime positive integers' share under 10%).")
+    max_rows: int | None = opt(None, help="Read at most this many rows from the inputs (all when unset).")
+    skip_bad_rows: bool = opt(False, help="Skip and count unreadable rows (broken JSON, non-UTF-8 bytes, missing fields) instead of stopping at the first one.")
+    problem_field: str | None = opt(None, help="Field holding the problem (dotted for nested fields); default: problem, question or prompt.")
+    answer_field: str | None = opt(None, help="Field holding the answer (dotted for nested fields); default: answer, final_answer, reward_model.ground_truth, ground_truth, or the last \\boxed{} of solution.")
+    data_source: str | None = opt(None, help="data_source column of every row; default: the input's own data_source, else the input file's name.")
+    overwrite: bool = opt(False, help="Replace a finished output directory.")
+    sample_per_rule: int = opt(3, help="Rewrites (before/after) shown in the report for each rule and refusals for each reason.")
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.inputs, list) and len(self.inputs) > 0, "inputs is empty: pass one or more data files or directories")
+        check(bool(str(self.out).strip()), "out is empty: pass an output directory with --out")
+        check(self.template in TEMPLATES, f"template must be one of {', '.join(TEMPLATES)}, got '{self.template}'")
+        check(0.0 <= self.val_fraction < 1.0, f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        check(self.val_size is None or self.val_size >= 0, f"val_size must be >= 0, got {self.val_size}")
+        check(self.ngram >= 1, f"ngram must be >= 1, got {self.ngram}")
+        check(0.0 < self.min_overlap <= 1.0, f"min_overlap must be in (0, 1], got {self.min_overlap}")
+        check(self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1 (or unset), got {self.max_rows}")
+        check(self.sample_per_rule >= 0, f"sample_per_rule must be >= 0, got {self.sample_per_rule}")
+
+
+@dataclass
+class _Row:
+    source: str
+    where: str
+    data_source: str
+    original_problem: str
+    original_answer: str
+    item: IntegerProblem
+
+
+def _resolve_eval(name: str) -> tuple[str, Path]:
+    if name in BUNDLED:
+        return name, BUNDLED[name]
+    p = Path(name)
+    if not p.exists():
+        known = ", ".join(BUNDLED)
+        raise ReasonRLError(f"decontamination set {name} not found: pass a .jsonl/.json/.parquet path or one of {known} (or [] to skip)")
+    return p.stem, p
+
+
+def _load_eval_index(cfg: PrepareConfig) -> tuple[EvalIndex, dict[str, Path]]:
+    index = EvalIndex(cfg.ngram, cfg.min_overlap)
+    paths: dict[str, Path] = {}
+    for entry in cfg.decontaminate:
+        name, path = _resolve_eval(entry)
+        problems: list[str] = []
+        for f in input_files(path):
+            for rec in read_records(f, skip_bad_rows=True, bad=[]):
+                try:
+                    problems.append(extract_fields(rec, problem_field=None, answer_field=None).problem)
+                except (BadRow, NoAnswer):
+                    text = rec.data.get("problem") or rec.data.get("question")
+                    if isinstance(text, str):
+                        problems.append(text)
+        if not problems:
+            raise ReasonRLError(f"decontamination set {entry} holds no problems: pass a file with a problem/question field")
+        index.add(name, problems)
+        paths[name] = path
+    return index, paths
+
+
+def _answer_text(answer: Any) -> str:
+    if isinstance(answer, str):
+        return answer
+    if isinstance(answer, (list, dict)):
+        return json.dumps(answer, ensure_ascii=False)
+    return str(answer)
+
+
+def _zero_kept_message(n_read: int, dropped: Counter, duplicates: int, contaminated: Counter, bad: int, integerize_on: bool) -> str:
+    causes: Counter = Counter(dropped)
+    if duplicates:
+        causes["duplicate"] = duplicates
+    for name, n in contaminated.items():
+        causes[f"in {name}"] += n
+    if bad:
+        causes["bad_row"] = bad
+    listed = ", ".join(f"{n} {k}" for k, n in causes.most_common(6))
+    top = causes.most_common(1)[0][0] if causes else ""
+    if top == "not_integer" and not integerize_on:
+        hint = "pass --integerize to rewrite non-integer answers"
+    elif top.startswith("in "):
+        hint = "the problems belong to evaluation sets: pass other data, or set decontaminate to other sets ([] for none)"
+    elif top == "bad_row":
+        hint = "fix the input rows"
+    elif top == "no_answer":
+        hint = "pass --answer-field naming the answer field"
+    else:
+        hint = "check the answer field (--answer-field) and the data"
+    return f"0 of {n_read} rows kept: {listed}; {hint}"
+
+
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("index", pa.int64()),
+                        ("split", pa.string()),
+                        ("raw_problem", pa.string()),
+                        ("original_problem", pa.string()),
+                        ("original_answer", pa.string()),
+                        ("rule", pa.string()),
+                        ("source", pa.string()),
+                    ]
+                ),
+            ),
+        ]
+    )
+
+
+def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows, schema=_schema())
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def _verl_row(row: _Row, split: str, index: int, template: str) -> dict[str, Any]:
+    return {
+        "data_source": row.data_source,
+        "prompt": [{"role": "user", "content": apply_template(template, row.item.problem)}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": str(row.item.answer)},
+        "extra_info": {
+            "index": index,
+            "split": split,
+            "raw_problem": row.item.problem,
+            "original_problem": row.original_problem,
+            "original_answer": row.original_answer,
+            "rule": row.item.rule,
+            "source": f"{row.source} {row.where}",
+        },
+    }
+
+
+def run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dict[str, Any]:
+    """Run the stage; returns the report (also written to ``<out>/report.json``).
+
+    ``rewriter(problem, rule, sentence) -> sentence`` may rephrase the sentence each rewritten
+    problem ends with (the integer answer never depends on it).
+    """
+    files: list[tuple[str, Path]] = []
+    for inp in cfg.inputs:
+        files.extend((inp, f) for f in input_files(inp))
+    eval_index, eval_paths = _load_eval_index(cfg)
+    out_path = Path(cfg.out)
+    if out_path.exists() and not out_path.is_dir():
+        raise ReasonRLError(f"output {out_path} is a file: choose a directory with --out")
+    if (out_path / MANIFEST).exists() and not cfg.overwrite:
+        raise ReasonRLError(f"{out_path} already holds a finished artifact: pass --overwrite or choose another --out")
+
+    bad: list[BadRow] = []
+    n_read = 0
+    rules: Counter = Counter()
+    dropped: Counter = Counter()
+    samples: dict[str, list[dict[str, Any]]] = {}
+    dropped_samples: dict[str, list[str]] = {}
+    kept: list[_Row] = []
+    # rows_read counts every row met: readable records (n_read) and unreadable lines (in `bad`).
+    for _inp, f in files:
+        if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
+            break
+        for rec in read_records(f, skip_bad_rows=cfg.skip_bad_rows, bad=bad):
+            if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
+                break
+            n_read += 1
+            try:
+                fields = extract_fields(rec, problem_field=cfg.problem_field, answer_field=cfg.answer_field)
+            except BadRow as e:
+                if not cfg.skip_bad_rows:
+                    raise ReasonRLError(f"{e}, or pass --skip-bad-rows to skip bad rows") from None
+                bad.append(e)
+                n_read -= 1  # counted in `bad`
+                continue
+            except NoAnswer as e:
+                dropped["no_answer"] += 1
+                _sample(dropped_samples, "no_answer", f"{rec.source} {rec.where}: {e}", cfg.sample_per_rule)
+                continue
+            answer_text = _answer_text(fields.answer)
+            result = integerize(fields.problem, fields.answer, rewriter=rewriter if cfg.integerize else None)
+            if isinstance(result, IntegerProblem) and not cfg.integerize and result.rule != "integer":
+                reason = "not_integer"
+            elif isinstance(result, IntegerProblem):
+                reason = ""
+            else:
+                reason = result.reason if cfg.integerize else "not_integer"
+            if reason:
+                dropped[reason] += 1
+                _sample(dropped_samples, reason, answer_text, cfg.sample_per_rule)
+                continue
+            assert isinstance(result, IntegerProblem)
+            data_source = cfg.data_source or fields.data_source or Path(rec.source).stem
+            kept.append(_Row(rec.source, rec.where, data_source, fields.problem, answer_text, result))
+
+    rows_read = n_read + len(bad)
+    if n_read == 0:
+        where = ", ".join(str(f) for _, f in files)
+        if bad:
+            raise ReasonRLError(f"0 readable rows in {where}: all {len(bad)} rows are bad (first: {bad[0]}); fix the input")
+        raise ReasonRLError(f"0 rows read from {where}: the inputs are empty; pass files that hold data")
+
+    # Duplicates (normalised problem text; the first occurrence is kept) and contamination.
+    seen: dict[str, int] = {}
+    duplicates = 0
+    conflicting = 0
+    contaminated: Counter = Counter()
+    final: list[_Row] = []
+    for row in kept:
+        key = normalise_text(row.original_problem)
+        if key in seen:
+            duplicates += 1
+            if seen[key] != row.item.answer:
+                conflicting += 1
+            continue
+        seen[key] = row.item.answer
+        hit = eval_index.match(row.original_problem)
+        if hit is not None:
+            contaminated[hit] += 1
+            continue
+        final.append(row)
+
+    for row in final:
+        rules[row.item.rule] += 1
+        if row.item.rule != "integer":
+            _sample(
+                samples,
+                row.item.rule,
+                {
+                    "original_answer": row.original_answer,
+                    "form": row.item.form,
+                    "answer": row.item.answer,
+                    "sentence": row.item.sentence,
+                    "source": f"{row.source} {row.where}",
+                },
+                cfg.sample_per_rule,
+            )
+
+    if not final:
+        raise ReasonRLError(_zero_kept_message(rows_read, dropped, duplicates, contaminated, len(bad), cfg.integerize))
+
+    n = len(final)
+    if cfg.val_size is not None:
+        n_val = cfg.val_size
+    else:
+        n_val = round(n * cfg.val_fraction)
+        if cfg.val_fraction > 0 and n_val == 0 and n >= 2:
+            n_val = 1
+    n_val = min(n_val, n - 1)
+    order = list(range(n))
+    random.Random(cfg.seed).shuffle(order)
+    val_ids = set(order[:n_val])
+    split_rows: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}
+    for i, row in enumerate(final):
+        split = "validation" if i in val_ids else "train"
+        split_rows[split].append(_verl_row(row, split, len(split_rows[split]), cfg.template))
+
+    report: dict[str, Any] = {
+        "stage": STAGE,
+        "inputs": [str(f) for _, f in files],
+        "rows_read": rows_read,
+        "bad_rows_skipped": len(bad),
+        "bad_rows": [b.as_dict() for b in bad[:MAX_BAD_ROWS_LISTED]],
+        "kept_unchanged": rules.get("integer", 0),
+        "transformed": {k: v for k, v in sorted(rules.items(), key=lambda kv: -kv[1]) if k != "integer"},
+        "dropped": dict(dropped.most_common()),
+        "duplicates": duplicates,
+        "duplicates_with_other_answer": conflicting,
+        "contaminated": {name: contaminated.get(name, 0) for name in eval_paths},
+        "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: str(v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
+        "integerize": cfg.integerize,
+        "template": cfg.template,
+        "rewriter": rewriter is not None,
+        "kept": n,
+        "train": len(split_rows["train"]),
+        "validation": len(split_rows["validation"]),
+        "samples": samples,
+        "dropped_samples": dropped_samples,
+    }
+
+    # Everything is validated: now write. The old manifest goes first, so a crash while writing
+    # never leaves a manifest next to half-written files.
+    out = prepare_out_dir(out_path, overwrite=cfg.overwrite)
+    (out / MANIFEST).unlink(missing_ok=True)
+    for split in SPLITS:
+        _write_parquet(out / f"{split}.parquet", split_rows[split])
+    write_json(out / "report.json", report)
+    inputs: dict[str, str | Path | None] = {f"input{i}": f for i, (_, f) in enumerate(files)}
+    inputs.update({f"decontaminate:{k}": v for k, v in eval_paths.items()})
+    write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
+    return report
+
+
+def _sample(store: dict[str, list[Any]], key: str, value: Any, limit: int) -> None:
+    lst = store.setdefault(key, [])
+    if len(lst) < limit:
+        lst.append(value)
+
+
+def load_prepared(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
+    """The rows of a prepare-data output (``split`` is "train" or "validation"), verl-format dicts.
+
+    ``path`` is the stage's output directory (it must hold a manifest), or a verl-format
+    ``.parquet`` file made elsewhere (DAPO-Math-17k, for instance).
+    """
+    import pyarrow.parquet as pq
+
+    check(split in SPLITS, f"split must be one of {', '.join(SPLITS)}, got '{split}'")
+    p = Path(path)
+    if p.is_file() and p.suffix == ".parquet":
+        return pq.read_table(p).to_pylist()
+    if not p.exists():
+        raise MissingArtifactError(f"{p} not found: run `reasonrl prepare-data` first")
+    read_manifest(p, stage=STAGE, hint="reasonrl prepare-data")
+    f = p / f"{split}.parquet"
+    if not f.is_file():
+        raise MissingArtifactError(f"{f} not found: run `reasonrl prepare-data` again")
+    return pq.read_table(f).to_pylist()
+
+
+def print_report(report: dict[str, Any], console: Any = None) -> None:
+    """Print a prepare-data report as rich tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    summary = Table(title="prepare-data", show_header=False)
+    summary.add_column("what")
+    summary.add_column("rows", justify="right")
+    transformed = sum(report["transformed"].values())
+    summary.add_row("rows read", str(report["rows_read"]))
+    summary.add_row("bad rows skipped", str(report["bad_rows_skipped"]))
+    summary.add_row("kept unchanged (integer)", str(report["kept_unchanged"]))
+    summary.add_row("transformed to integers", str(transformed))
+    summary.add_row("dropped", str(sum(report["dropped"].values())))
+    summary.add_row("duplicates", str(report["duplicates"]))
+    summary.add_row("contaminated", str(sum(report["contaminated"].values())))
+    summary.add_row("train", str(report["train"]))
+    summary.add_row("validation", str(report["validation"]))
+    console.print(summary)
+
+    def counts(title: str, data: dict[str, int], key: str) -> None:
+        if not data:
+            return
+        t = Table(title=title)
+        t.add_column(key)
+        t.add_column("rows", justify="right")
+        for k, v in data.items():
+            t.add_row(k, str(v))
+        console.print(t)
+
+    counts("transformed, per rule", report["transformed"], "rule")
+    counts("dropped, per reason", report["dropped"], "reason")
+    counts("contaminated, per evaluation set", report["contaminated"], "evaluation set")
+    if report.get("samples"):
+        t = Table(title="sample rewrites")
+        t.add_column("rule")
+        t.add_column("before")
+        t.add_column("after", justify="right")
+        t.add_column("sentence added")
+        for rule, items in report["samples"].items():
+            for s in items:
+                t.add_row(rule, s["original_answer"], str(s["answer"]), s["sentence"])
+        console.print(t)
+    if report.get("bad_rows"):
+        t = Table(title=f"bad rows skipped ({report['bad_rows_skipped']})")
+        t.add_column("file")
+        t.add_column("where")
+        t.add_column("error")
+        for b in report["bad_rows"][:10]:
+            t.add_row(b["file"], b["where"], b["error"])
+        console.print(t)

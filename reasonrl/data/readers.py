@@ -1,0 +1,276 @@
+"""Reading math data sets: jsonl, json, parquet (plain or verl's RL format) and saved datasets.
+
+:func:`read_records` yields every record of the inputs with where it came from (file and line or
+row). :func:`extract_fields` maps one record to ``(problem, answer)``:
+
+* problem: ``--problem-field``, else ``problem`` / ``question`` / ``prompt`` (OlympiadBench's
+  ``context`` is put before its ``question``); in verl's RL format (``prompt`` is a list of chat
+  messages) the user message with its prompt template stripped (``extra_info.raw_problem`` when the
+  template is unknown).
+* answer: ``--answer-field``, else ``answer`` (GSM8K: the text after the last ``####``),
+  ``final_answer`` (OlympiadBench: a list of LaTeX strings), ``reward_model.ground_truth`` (verl),
+  ``ground_truth``, or the last ``\\boxed{}`` of ``solution`` (Minerva).
+
+A record that cannot be read at all (broken JSON, non-UTF-8 bytes, no problem or answer field)
+is a *bad row*: :class:`BadRow` names its file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from reasonrl.data.templates import strip_template
+from reasonrl.errors import ReasonRLError
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+PROBLEM_FIELDS = ("problem", "question", "prompt")
+ANSWER_FIELDS = ("answer", "final_answer", "reward_model.ground_truth", "ground_truth", "solution")
+
+
+class BadRow(Exception):
+    """One unreadable record; ``str()`` is ``"<file> line <n>: <what is wrong>"``."""
+
+    def __init__(self, source: str, where: str, error: str):
+        self.source, self.where, self.error = source, where, error
+        super().__init__(f"{source} {where}: {error}")
+
+    def as_dict(self) -> dict[str, str]:
+        return {"file": self.source, "where": self.where, "error": self.error}
+
+
+@dataclass
+class Record:
+    """A record of an input file, with its position for messages (``line 7``, ``row 12``)."""
+
+    source: str
+    where: str
+    data: dict[str, Any]
+
+
+def input_files(path: str | Path) -> list[Path]:
+    """The readable files (or saved dataset directories) an input path stands for."""
+    p = Path(path)
+    if not p.exists():
+        raise ReasonRLError(f"input {p} not found: pass an existing .jsonl, .json or .parquet file, or a directory")
+    if p.is_file():
+        if p.suffix.lower() not in SUFFIXES:
+            raise ReasonRLError(
+                f"input {p} has an unknown format: pass a .jsonl, .json or .parquet file, or a directory saved with datasets' save_to_disk"
+            )
+        return [p]
+    if _is_saved_dataset(p):
+        return [p]
+    files = sorted(q for q in p.rglob("*") if q.is_file() and q.suffix.lower() in SUFFIXES and not q.name.startswith("."))
+    if not files:
+        raise ReasonRLError(f"input directory {p} holds no .jsonl, .json or .parquet file nor a saved dataset: pass the data files")
+    return files
+
+
+def _is_saved_dataset(p: Path) -> bool:
+    return p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file())
+
+
+def read_records(path: Path, *, skip_bad_rows: bool, bad: list[BadRow]) -> Iterator[Record]:
+    """Every record of one file or saved dataset; unreadable ones raise, or go to ``bad`` when skipping."""
+    if path.is_dir():
+        yield from _read_saved(path)
+    elif path.suffix.lower() == ".jsonl":
+        yield from _read_jsonl(path, skip_bad_rows=skip_bad_rows, bad=bad)
+    elif path.suffix.lower() == ".json":
+        yield from _read_json(path)
+    else:
+        yield from _read_parquet(path)
+
+
+def _skip_hint() -> str:
+    return "fix that line or pass --skip-bad-rows to skip bad rows"
+
+
+def _read_jsonl(path: Path, *, skip_bad_rows: bool, bad: list[BadRow]) -> Iterator[Record]:
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            err: str | None = None
+            data: Any = None
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                err = f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+            else:
+                if not text.strip():
+                    continue
+                try:
+                    data = json.loads(text)
+                except json.JSONDecodeError as e:
+                    err = f"not valid JSON ({e.msg}, column {e.colno})"
+                else:
+                    if not isinstance(data, dict):
+                        err = f"not a JSON object (a {type(data).__name__})"
+            if err is not None:
+                row = BadRow(str(path), f"line {lineno}", err)
+                if not skip_bad_rows:
+                    raise ReasonRLError(f"{row}: {_skip_hint()}")
+                bad.append(row)
+                continue
+            yield Record(str(path), f"line {lineno}", data)
+
+
+def _read_json(path: Path) -> Iterator[Record]:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ReasonRLError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{raw[e.start]:02x}): re-encode the file as UTF-8 (a .json file cannot be read in part; --skip-bad-rows skips rows of .jsonl files)"
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReasonRLError(
+            f"{path} line {e.lineno}: not valid JSON ({e.msg}): fix the file (a .json file cannot be read in part; --skip-bad-rows skips rows of .jsonl files)"
+        ) from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise ReasonRLError(f"{path}: expected a JSON list of records or {{\"data\": [...]}}: convert it, or use .jsonl")
+    for i, item in enumerate(data, start=1):
+        yield Record(str(path), f"item {i}", item if isinstance(item, dict) else {"__not_object__": item})
+
+
+def _read_parquet(path: Path) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for bad files
+        raise ReasonRLError(f"{path}: cannot read it as parquet ({str(e).splitlines()[0][:200]}): pass a valid .parquet file") from None
+    row = 0
+    for batch in pf.iter_batches(batch_size=1024):
+        for item in batch.to_pylist():
+            row += 1
+            yield Record(str(path), f"row {row}", item)
+
+
+def _read_saved(path: Path) -> Iterator[Record]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise ReasonRLError(f"{path}: cannot load the saved dataset ({str(e).splitlines()[0][:200]}): pass a directory written by save_to_disk") from None
+    splits = ds.items() if isinstance(ds, datasets.DatasetDict) else [(None, ds)]
+    for split, part in splits:
+        for i, item in enumerate(part, start=1):
+            yield Record(str(path), f"{split} row {i}" if split else f"row {i}", dict(item))
+
+
+# ---------------------------------------------------------------------------------------------
+# Field mapping
+# ---------------------------------------------------------------------------------------------
+
+
+def _get(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    cur: Any = data
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return False, None
+        cur = cur[part]
+    return True, cur
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, ``\\boxed 5``) in ``text``."""
+    matches = list(re.finditer(r"\\(?:boxed|fbox)(?![a-zA-Z])", text))
+    if not matches:
+        return None
+    i = matches[-1].end()
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] == "{":
+        depth = 0
+        for j in range(i, len(text)):
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[i + 1 : j]
+        return None
+    token = re.match(r"[^\s$]+", text[i:])
+    return token.group(0) if token else None
+
+
+def _chat_problem(messages: list[Any], data: dict[str, Any]) -> str | None:
+    user = [m for m in messages if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)]
+    if not user:
+        return None
+    content = user[-1]["content"]
+    raw = strip_template(content)
+    if raw is not None:
+        return raw
+    found, extra = _get(data, "extra_info.raw_problem")
+    if found and isinstance(extra, str) and extra.strip():
+        return extra
+    return content
+
+
+@dataclass
+class Fields:
+    problem: str
+    answer: Any  # a string, a number, a list (OlympiadBench) or None
+    answer_field: str
+    data_source: str | None
+
+
+class NoAnswer(Exception):
+    """The record has an answer field, but no answer in it (a solution without ``\\boxed{}``)."""
+
+
+def extract_fields(rec: Record, *, problem_field: str | None = None, answer_field: str | None = None) -> Fields:
+    """Map a record to its problem and answer; raises :class:`BadRow` when a field is missing."""
+    data = rec.data
+    if "__not_object__" in data:
+        raise BadRow(rec.source, rec.where, f"not a JSON object (a {type(data['__not_object__']).__name__})")
+    problem: Any = None
+    if problem_field:
+        found, problem = _get(data, problem_field)
+        if not found:
+            raise BadRow(rec.source, rec.where, f"no '{problem_field}' field (from --problem-field)")
+    else:
+        for name in PROBLEM_FIELDS:
+            if name in data and data[name] is not None:
+                problem = data[name]
+                break
+        else:
+            raise BadRow(rec.source, rec.where, f"no problem field (looked for {', '.join(PROBLEM_FIELDS)}); pass --problem-field NAME")
+    if isinstance(problem, list):  # verl's chat messages
+        problem = _chat_problem(problem, data)
+    if not isinstance(problem, str) or not problem.strip():
+        raise BadRow(rec.source, rec.where, "the problem is empty or not text")
+    context = data.get("context") if not problem_field else None
+    if isinstance(context, str) and context.strip() and context.strip() not in problem:
+        problem = context.strip() + "\n\n" + problem
+
+    names = (answer_field,) if answer_field else ANSWER_FIELDS
+    for name in names:
+        found, answer = _get(data, name)
+        if found:
+            break
+    else:
+        if answer_field:
+            raise BadRow(rec.source, rec.where, f"no '{answer_field}' field (from --answer-field)")
+        raise BadRow(rec.source, rec.where, f"no answer field (looked for {', '.join(ANSWER_FIELDS)}); pass --answer-field NAME")
+    if isinstance(answer, str):
+        if "####" in answer:  # GSM8K: reasoning, then "#### N"
+            answer = answer.rsplit("####", 1)[1].strip()
+        elif name == "solution" or ("\\boxed" in answer and not answer.strip().startswith("\\boxed")):
+            boxed = last_boxed(answer)
+            if boxed is None:
+                raise NoAnswer(f"{name} holds no \\boxed{{}} answer")
+            answer = boxed
+    source = data.get("data_source") if isinstance(data.get("data_source"), str) else None
+    return Fields(problem, answer, name, source)

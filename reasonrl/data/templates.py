@@ -1,0 +1,30 @@
+"""Prompt templates applied by prepare-data (the DAPO one is SPEC.md's, byte for byte)."""
+
+from __future__ import annotations
+
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+#: DAPO's prompt template (SPEC.md, "Rewards"); ``{problem}`` is the raw problem.
+DAPO_TEMPLATE = DAPO_PREFIX + "{problem}" + DAPO_SUFFIX
+#: The Qwen2.5-Math style template: reason step by step, final answer in \boxed{}.
+BOXED_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+
+TEMPLATES = {"dapo": DAPO_TEMPLATE, "boxed": BOXED_TEMPLATE, "none": "{problem}"}
+
+
+def apply_template(name: str, problem: str) -> str:
+    """The user message for ``problem`` under template ``name`` ("dapo", "boxed" or "none")."""
+    return TEMPLATES[name].format(problem=problem)
+
+
+def strip_template(text: str) -> str | None:
+    """The raw problem inside a prompt built with a known template, or None when none matches."""
+    if text.startswith(DAPO_PREFIX) and text.endswith(DAPO_SUFFIX):
+        return text[len(DAPO_PREFIX) : len(text) - len(DAPO_SUFFIX)]
+    boxed_suffix = BOXED_TEMPLATE.format(problem="")
+    if text.endswith(boxed_suffix):
+        return text[: len(text) - len(boxed_suffix)]
+    return None

@@ -1,0 +1,146 @@
+"""Generation with transformers: batched, left padding, KV cache, our own sampling loop.
+
+The loop keeps only the sampled token's log-probability per step (never the full logits), so a
+batch of 256 × 1000 tokens with a 49k vocabulary costs no extra memory. Log-probabilities are
+those of the distribution actually sampled from (after temperature; top-p/top-k renormalised),
+like vLLM's ``processed_logprobs``; the trainer recomputes its own logprobs anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name in ("auto", "bf16", "bfloat16"):
+        return torch.bfloat16
+    if name in ("fp32", "float32"):
+        return torch.float32
+    if name in ("fp16", "float16"):
+        return torch.float16
+    raise ValueError(f"unknown dtype {name}")
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits outside top-k / the top-p nucleus with -inf. (B, V) → (B, V)."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        cum = probs.cumsum(-1)
+        remove = cum - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+    return logits
+
+
+class HFEngine:
+    """The transformers engine. ``batch_size`` rows (prompt × sample) decode together."""
+
+    name = "hf"
+
+    def __init__(self, model_dir: str, *, dtype: str = "auto", seed: int = 0, batch_size: int = 64, model: Any = None, **_: Any) -> None:
+        from reasonrl.models.loading import load_causal_lm, load_tokenizer
+
+        self.dtype = _dtype(dtype)
+        self.model = model if model is not None else load_causal_lm(model_dir, dtype=self.dtype)
+        self.model.eval()
+        tok = load_tokenizer(model_dir)
+        self.eos_ids = {tok.eos_token_id} | set(_as_list(self.model.generation_config.eos_token_id))
+        self.eos_ids.discard(None)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self.eos_ids))
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+        self.last_stats = GenerationStats()
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        with torch.no_grad():
+            own = self.model.state_dict()
+            for k, v in state_dict.items():
+                if k in own:
+                    own[k].copy_(v.to(own[k].dtype))
+
+    def close(self) -> None:
+        self.model = None
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        t0 = time.perf_counter()
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        rows = [(i, list(p)) for i, p in enumerate(prompts) for _ in range(params.n)]
+        # Sort by prompt length so each batch pads little; results go back by index.
+        order = sorted(range(len(rows)), key=lambda j: len(rows[j][1]))
+        results: list[Completion | None] = [None] * len(rows)
+        for s in range(0, len(order), self.batch_size):
+            chunk = order[s : s + self.batch_size]
+            outs = self._generate_batch([rows[j][1] for j in chunk], params)
+            for j, c in zip(chunk, outs):
+                results[j] = c
+        grouped: list[list[Completion]] = [[] for _ in prompts]
+        for (i, _), c in zip(rows, results):
+            assert c is not None
+            grouped[i].append(c)
+        n_tok = sum(len(c.token_ids) for c in results if c is not None)
+        self.last_stats = GenerationStats(len(prompts), len(rows), n_tok, time.perf_counter() - t0)
+        return grouped
+
+    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams) -> list[Completion]:
+        from transformers import DynamicCache
+
+        B = len(prompts)
+        L = max(len(x) for x in prompts)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for b, x in enumerate(prompts):
+            ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
+            attn[b, L - len(x) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        eos = torch.tensor(sorted(self.eos_ids | set(p.stop_token_ids)), dtype=torch.long)
+        out_tok = torch.full((B, p.max_tokens), self.pad_id, dtype=torch.long)
+        out_lp = torch.zeros((B, p.max_tokens), dtype=torch.float32)
+        done = torch.zeros(B, dtype=torch.bool)
+        lengths = torch.full((B,), p.max_tokens, dtype=torch.long)
+        stopped = torch.zeros(B, dtype=torch.bool)
+        cur_ids, cur_pos = ids, pos
+        for t in range(p.max_tokens):
+            logits = self.model(input_ids=cur_ids, attention_mask=attn, position_ids=cur_pos, past_key_values=cache, use_cache=True).logits[:, -1, :].float()
+            if p.temperature == 0:
+                nxt = logits.argmax(-1)
+                lp = torch.log_softmax(logits, -1).gather(-1, nxt[:, None]).squeeze(-1)
+            else:
+                logits = filter_logits(logits / p.temperature, p.top_k, p.top_p)
+                logp = torch.log_softmax(logits, -1)
+                nxt = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+                lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+            out_tok[:, t] = nxt
+            out_lp[:, t] = torch.where(done, torch.zeros_like(lp), lp)
+            is_eos = torch.isin(nxt, eos) & ~done
+            lengths = torch.where(is_eos, torch.full_like(lengths, t + 1), lengths)
+            stopped |= is_eos
+            done |= is_eos
+            if bool(done.all()):
+                break
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], dim=1)
+            cur_ids = nxt[:, None]
+            cur_pos = cur_pos[:, -1:] + 1
+        res = []
+        for b in range(B):
+            n = int(lengths[b])
+            res.append(Completion(out_tok[b, :n].tolist(), out_lp[b, :n].tolist(), "stop" if bool(stopped[b]) else "length"))
+        return res
+
+
+def _as_list(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]

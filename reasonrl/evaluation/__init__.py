@@ -1,0 +1,1 @@
+"""Evaluation: AIME-style avg@n, pass@k, maj@n with bootstrap CIs (see ``metrics``)."""

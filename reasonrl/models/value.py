@@ -1,0 +1,44 @@
+"""The value model: a causal LM's backbone with a scalar head, saved as a normal HF directory.
+
+It is ``AutoModelForTokenClassification`` with ``num_labels=1`` (e.g. ``LlamaForTokenClassification``):
+per-token scalar output V(s_t), loadable by transformers without custom code. VC-PPO initialises it
+from the policy (or a reward model) and pretrains it with a fixed policy before PPO.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from reasonrl.errors import ReasonRLError
+
+
+def new_value_model(base: str | os.PathLike, *, seed: int = 0) -> Any:
+    """A value model initialised from ``base`` (policy or reward model directory); new head is zero-mean small."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(str(base), num_labels=1, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001
+        raise ReasonRLError(f"cannot build a value model from {base} ({type(e).__name__}): pass a causal-LM directory") from None
+    model.config.reasonrl_role = "value"
+    return model
+
+
+def load_value_model(path: str | os.PathLike) -> Any:
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001
+        raise ReasonRLError(f"cannot load the critic from {path} ({type(e).__name__}): run `reasonrl pretrain-value` first") from None
+    return model
+
+
+def token_values(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+    """V for every position: (B, L) float32."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask)
+    return out.logits.squeeze(-1).float()

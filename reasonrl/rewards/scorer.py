@@ -1,0 +1,427 @@
+"""Batch reward scoring that never stalls the caller: math-verify runs in killable processes.
+
+:class:`RewardScorer` scores a batch of responses in three tiers:
+
+1. *No answer* (nothing to extract): -1, status "no_answer", no work at all.
+2. *Fast path*: the extracted answer and the ground truth both spell integers (most DAPO items);
+   compared in this process, no math-verify.
+3. Everything else goes to math-verify in a ``concurrent.futures.ProcessPoolExecutor`` with a
+   per-item time limit. Identical (answer, ground truth) pairs of a batch are verified once.
+
+Timeouts. sympy can run for minutes or forever on some answers (``9^{9^{9^{9}}}`` against an
+integer does not finish in 10 minutes). An item is given ``timeout_s`` seconds from the moment it
+is handed to an idle, warmed-up worker (at most ``num_workers`` items are in flight, so an item
+never waits in a queue on the clock). When it runs past that, the item scores -1 with status
+"timeout" and the whole pool is killed (SIGKILL) and replaced on next use: a worker stuck in
+sympy cannot be interrupted or reused, and waiting on it would hang the caller. Items that were
+running next to it are requeued, not penalised. A worker that dies (segfault, OOM kill) breaks
+the pool: its items are rerun one at a time so the culprit is identified and scored "error".
+
+Processes, not threads or signals: math-verify's own timeout uses ``signal.alarm``, which only
+works in the main thread; the caller here may be any thread (a rollout worker, an async reward
+loop). The scorer itself uses no signals.
+
+Start method: "spawn" by default. The trainer process holds torch (and possibly CUDA) state and
+many threads, which ``fork`` can copy into a deadlocked child; "spawn" starts each worker as a
+fresh interpreter on every platform, sharing nothing. "forkserver" is also accepted (a little
+faster to restart, Unix only; its server and preload list are process-wide). Pool (re)starts are
+rare: lazily on first use and after a timeout. As with any spawn-based pool, a script that
+creates the scorer at import time needs an ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+import weakref
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from reasonrl.rewards.extract import extract_answer
+from reasonrl.rewards.verify import Score, ScoreStatus, integer_equivalent, math_verify_equivalent
+
+__all__ = ["RewardScorer", "ScoreStats", "default_num_workers"]
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[str, str]  # (extracted answer, ground truth)
+
+
+def default_num_workers() -> int:
+    """1 or 2 verifier processes: most items take the fast path, and training owns the cores."""
+    return max(1, min(2, (os.cpu_count() or 1) - 1))
+
+
+@dataclass
+class ScoreStats:
+    """What happened while scoring one batch (all counts are items, i.e. responses).
+
+    ``fast_path + verified + no_answer == total``; ``timeouts`` and ``errors`` are among
+    ``verified`` (except ``errors`` from a pool that could not start, also among ``verified``).
+    """
+
+    total: int = 0
+    no_answer: int = 0
+    fast_path: int = 0  # both sides integers: compared here, without math-verify
+    verified: int = 0  # sent to math-verify (after de-duplication: ``verifier_calls`` calls)
+    verifier_calls: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    pool_restarts: int = 0  # pools killed (after a timeout or a worker crash)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side (top-level functions: "spawn" pickles them by reference).
+
+
+def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None) -> None:
+    """Warm a worker up (imports + one comparison), then wait for its siblings.
+
+    The barrier makes every worker of a new pool ready before the first item is handed out, so no
+    item's time limit is spent on another worker's imports.
+    """
+    import signal
+
+    try:
+        # Ctrl-C reaches the whole process group; the parent decides what happens to workers.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if memory_limit_mb:
+            import resource
+
+            limit = int(memory_limit_mb) * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        math_verify_equivalent("\\frac{1}{2}", "0.5")
+    except Exception:  # noqa: BLE001 - a failed warm-up must not break the pool
+        pass
+    finally:
+        try:
+            barrier.wait(wait_s)
+        except Exception:  # noqa: BLE001 - broken/timed-out barrier: carry on
+            pass
+
+
+def _worker_ping() -> int:
+    return os.getpid()
+
+
+def _worker_verify(pred: str, ground_truth: str) -> bool:
+    return math_verify_equivalent(pred, ground_truth)
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side.
+
+
+class _PoolStartError(RuntimeError):
+    pass
+
+
+class _Pool:
+    """One ProcessPoolExecutor and its processes; ``kill`` never blocks for long."""
+
+    def __init__(self, executor: ProcessPoolExecutor, processes: list[Any]) -> None:
+        self.executor = executor
+        self.processes = processes
+
+    def kill(self) -> None:
+        """Shut the pool down now: SIGKILL its workers (idle or stuck) and reap them."""
+        kill_workers = getattr(self.executor, "kill_workers", None)  # Python >= 3.14
+        if not self.processes and kill_workers is not None:
+            kill_workers()
+            return
+        try:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        except Exception:  # noqa: BLE001
+            pass
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+        for p in self.processes:
+            p.join(5.0)
+
+
+class _PoolHolder:
+    """The scorer's current pool, kept apart from the scorer so the atexit finalizer can reach it
+    without keeping the scorer alive."""
+
+    def __init__(self) -> None:
+        self.pool: _Pool | None = None
+
+    def kill(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.kill()
+
+
+class RewardScorer:
+    """Scores batches of responses with a time limit per math-verify call (see the module doc).
+
+    Use it as a context manager, or just call :meth:`score_batch` (the pool starts lazily) and
+    :meth:`close` when done; a scorer that is garbage-collected or alive at interpreter exit is
+    closed automatically. Thread-safe: calls from several threads are served one at a time.
+
+    Args:
+        num_workers: verifier processes; default 1-2 (:func:`default_num_workers`). 0 verifies in
+            this process without any time limit (debugging only).
+        timeout_s: time limit of one math-verify call (parse + verify of one pair).
+        mp_context: "spawn" (default) or "forkserver"; see the module doc.
+        startup_timeout_s: time allowed for a new pool to start and warm up.
+        memory_limit_mb: optional address-space limit for each worker (RLIMIT_AS, Unix); a
+            runaway sympy computation then fails with MemoryError instead of eating the node.
+    """
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        timeout_s: float = 5.0,
+        mp_context: str = "spawn",
+        startup_timeout_s: float = 120.0,
+        memory_limit_mb: int | None = None,
+    ) -> None:
+        if mp_context not in ("spawn", "forkserver"):
+            raise ValueError(f"mp_context must be 'spawn' or 'forkserver', not {mp_context!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.num_workers = default_num_workers() if num_workers is None else int(num_workers)
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.timeout_s = float(timeout_s)
+        self.mp_context = mp_context
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.memory_limit_mb = memory_limit_mb
+        self._holder = _PoolHolder()
+        self._lock = threading.Lock()
+        # Runs at garbage collection or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, self._holder.kill)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker processes. The scorer may still be used: a new pool starts lazily."""
+        with self._lock:
+            self._holder.kill()
+
+    @property
+    def pool_pids(self) -> list[int]:
+        """PIDs of the current workers (empty when no pool is running)."""
+        pool = self._holder.pool
+        return [] if pool is None else [p.pid for p in pool.processes if p.pid is not None]
+
+    def _ensure_pool(self) -> _Pool:
+        if self._holder.pool is not None:
+            return self._holder.pool
+        ctx = mp.get_context(self.mp_context)
+        n = self.num_workers
+        barrier = ctx.Barrier(n)
+        executor = ProcessPoolExecutor(
+            max_workers=n,
+            mp_context=ctx,
+            initializer=_worker_init,
+            initargs=(barrier, self.startup_timeout_s, self.memory_limit_mb),
+        )
+        pool: _Pool | None = None
+        try:
+            # With spawn/forkserver, each submit that finds no idle worker starts one: n pings
+            # start all n workers, and the barrier in their initializer lines them up.
+            pings = [executor.submit(_worker_ping) for _ in range(n)]
+            pool = _Pool(executor, list(getattr(executor, "_processes", {}).values()))
+            done, not_done = wait(pings, timeout=self.startup_timeout_s)
+            if not_done:
+                raise _PoolStartError(f"verifier pool did not start within {self.startup_timeout_s:.0f} s")
+            for f in done:
+                f.result()  # raises BrokenProcessPool when a worker died while starting
+        except BaseException as e:
+            if pool is not None:
+                pool.kill()
+            else:
+                executor.shutdown(wait=False, cancel_futures=True)
+            if isinstance(e, Exception) and not isinstance(e, _PoolStartError):
+                raise _PoolStartError(f"verifier pool failed to start: {e!r}") from e
+            raise
+        self._holder.pool = pool
+        return pool
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def score(self, response: str, ground_truth: str | int) -> Score:
+        """Score one response (a batch of one)."""
+        return self.score_batch([response], [ground_truth])[0][0]
+
+    def score_batch(
+        self, responses: Sequence[str], ground_truths: Sequence[str | int]
+    ) -> tuple[list[Score], ScoreStats]:
+        """Score ``responses[i]`` against ``ground_truths[i]``; never hangs, never raises for an item.
+
+        Returns the scores (in order) and the batch's :class:`ScoreStats`. Bounded time: about
+        (items sent to math-verify / workers) x their verify time, plus ``timeout_s`` and a pool
+        restart (a few seconds) per item that times out.
+        """
+        if len(responses) != len(ground_truths):
+            raise ValueError(
+                f"{len(responses)} responses but {len(ground_truths)} ground truths: they must pair up"
+            )
+        t0 = time.monotonic()
+        stats = ScoreStats(total=len(responses))
+        scores: list[Score | None] = [None] * len(responses)
+        pending: dict[_Key, list[int]] = {}
+        extracted_all: list[str | None] = []
+        for i, (response, gt) in enumerate(zip(responses, ground_truths)):
+            extracted = extract_answer(response)
+            extracted_all.append(extracted)
+            if extracted is None:
+                scores[i] = Score.failed(None, "no_answer")
+                stats.no_answer += 1
+                continue
+            as_int = integer_equivalent(extracted, gt)
+            if as_int is not None:
+                scores[i] = Score.decided(extracted, as_int)
+                stats.fast_path += 1
+                continue
+            pending.setdefault((extracted, str(gt)), []).append(i)
+            stats.verified += 1
+
+        if pending:
+            stats.verifier_calls = len(pending)
+            with self._lock:
+                outcomes = self._verify_all(list(pending), stats)
+            for key, items in pending.items():
+                status, ok = outcomes[key]
+                for i in items:
+                    if status == "ok":
+                        scores[i] = Score.decided(key[0], ok)
+                    else:
+                        scores[i] = Score.failed(key[0], status)
+                        if status == "timeout":
+                            stats.timeouts += 1
+                        else:
+                            stats.errors += 1
+        stats.seconds = time.monotonic() - t0
+        return [s for s in scores if s is not None], stats
+
+    def _verify_all(self, keys: list[_Key], stats: ScoreStats) -> dict[_Key, tuple[ScoreStatus, bool]]:
+        if self.num_workers == 0:
+            out: dict[_Key, tuple[ScoreStatus, bool]] = {}
+            for key in keys:
+                try:
+                    out[key] = ("ok", math_verify_equivalent(*key))
+                except Exception:  # noqa: BLE001
+                    out[key] = ("error", False)
+            return out
+        try:
+            return self._run_in_pool(keys, stats)
+        except BaseException:
+            # KeyboardInterrupt, or a bug: leave no worker running and nothing half-done.
+            self._holder.kill()
+            raise
+
+    def _run_in_pool(self, keys: list[_Key], stats: ScoreStats) -> dict[_Key, tuple[ScoreStatus, bool]]:
+        """The scheduling loop: at most ``num_workers`` items in flight, each with a deadline."""
+        results: dict[_Key, tuple[ScoreStatus, bool]] = {}
+        queue: collections.deque[_Key] = collections.deque(keys)
+        suspects: set[_Key] = set()  # were in flight when a worker died: rerun alone
+        inflight: dict[Future[bool], tuple[_Key, float]] = {}
+        broken_submits = 0
+
+        def restart() -> None:
+            self._holder.kill()
+            stats.pool_restarts += 1
+
+        while queue or inflight:
+            # Hand out work to idle workers.
+            while queue and len(inflight) < self.num_workers:
+                key = queue[0]
+                solo_running = any(k in suspects for k, _ in inflight.values())
+                if solo_running or (key in suspects and inflight):
+                    break
+                try:
+                    pool = self._ensure_pool()
+                except _PoolStartError as e:
+                    log.warning("%s; %d answers scored as errors", e, len(queue))
+                    while queue:
+                        results[queue.popleft()] = ("error", False)
+                    break
+                try:
+                    fut = pool.executor.submit(_worker_verify, *key)
+                except (BrokenProcessPool, RuntimeError):
+                    # The pool broke between two submits (a worker died while idle): restart it,
+                    # and rerun what was in flight one at a time. Give up after a few tries.
+                    restart()
+                    broken_submits += 1
+                    for f in list(inflight):
+                        k, _ = inflight.pop(f)
+                        queue.appendleft(k)
+                        suspects.add(k)
+                    if broken_submits >= 3:
+                        log.warning("verifier pool keeps breaking; %d answers scored as errors", len(queue))
+                        while queue:
+                            results[queue.popleft()] = ("error", False)
+                    continue
+                queue.popleft()
+                inflight[fut] = (key, time.monotonic() + self.timeout_s)
+            if not inflight:
+                continue
+
+            next_deadline = min(d for _, d in inflight.values())
+            done, _ = wait(
+                list(inflight), timeout=max(0.0, next_deadline - time.monotonic()),
+                return_when=FIRST_COMPLETED,
+            )
+            crashed: list[_Key] = []
+            for fut in done:
+                key, _ = inflight.pop(fut)
+                try:
+                    results[key] = ("ok", bool(fut.result()))
+                except BrokenProcessPool:
+                    crashed.append(key)
+                except Exception:  # noqa: BLE001 - the verifier raised in the worker
+                    results[key] = ("error", False)
+            if crashed:
+                # A worker died: every future of the pool fails. Alone in flight -> its fault;
+                # otherwise rerun the items one at a time to find out.
+                crashed += [k for k, _ in inflight.values()]
+                inflight.clear()
+                restart()
+                if len(crashed) == 1:  # it was alone in flight: it killed its worker
+                    results[crashed[0]] = ("error", False)
+                else:
+                    for k in reversed(crashed):
+                        queue.appendleft(k)
+                        suspects.add(k)
+                continue
+
+            now = time.monotonic()
+            expired = [f for f, (_, d) in inflight.items() if d <= now and not f.done()]
+            if expired:
+                for fut in expired:
+                    key, _ = inflight.pop(fut)
+                    results[key] = ("timeout", False)
+                # The stuck worker cannot be interrupted: kill the pool. Items that were running
+                # next to it go back to the front of the queue, with a fresh clock.
+                for fut in list(inflight):
+                    key, _ = inflight.pop(fut)
+                    if fut.done():
+                        try:
+                            results[key] = ("ok", bool(fut.result()))
+                            continue
+                        except Exception:  # noqa: BLE001
+                            pass
+                    queue.appendleft(key)
+                restart()
+        return results
+

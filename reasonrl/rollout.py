@@ -1,0 +1,166 @@
+"""Rollouts: G responses per prompt from the generation engine, decoded, scored, recorded.
+
+`reasonrl rollout` and every training step use this same code. A rollout record holds the prompt,
+the response text and token ids, the sampling logprobs, the finish reason, whether it was
+truncated, the rule reward, correctness and the group id; ``write_rollouts`` stores them as parquet.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from reasonrl.engines.base import GenerationEngine, SamplingParams
+
+
+@dataclass
+class Sample:
+    group: int
+    prompt_index: int
+    prompt: str
+    prompt_ids: list[int]
+    response: str
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    truncated: bool
+    ground_truth: str
+    reward: float = 0.0  # rule reward (+1/-1), before shaping
+    correct: bool = False
+    extracted: str | None = None
+    score_status: str = "ok"
+    shaped_reward: float = 0.0  # reward + soft overlong punishment (when the algo uses it)
+    data_source: str = ""
+
+    @property
+    def length(self) -> int:
+        return len(self.response_ids)
+
+
+@dataclass
+class RolloutStats:
+    prompts: int = 0
+    samples: int = 0
+    gen_tokens: int = 0
+    gen_seconds: float = 0.0
+    score_seconds: float = 0.0
+    skipped_long_prompts: int = 0
+    scorer: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: "RolloutStats") -> None:
+        self.prompts += other.prompts
+        self.samples += other.samples
+        self.gen_tokens += other.gen_tokens
+        self.gen_seconds += other.gen_seconds
+        self.score_seconds += other.score_seconds
+        self.skipped_long_prompts += other.skipped_long_prompts
+        for k, v in other.scorer.items():
+            self.scorer[k] = self.scorer.get(k, 0) + v
+
+
+def prompt_text(row: dict[str, Any], tokenizer: Any) -> str:
+    """The chat-formatted prompt (generation prompt appended) for a prepared row."""
+    messages = row["prompt"]
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    messages = [dict(m) for m in messages]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in messages) + "\n"
+
+
+def ground_truth(row: dict[str, Any]) -> str:
+    rm = row.get("reward_model") or {}
+    return str(rm.get("ground_truth", row.get("answer", "")))
+
+
+def generate_rollouts(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    scorer: Any,
+    rows: Sequence[dict[str, Any]],
+    params: SamplingParams,
+    *,
+    max_prompt_len: int,
+    group_offset: int = 0,
+    row_offset: int = 0,
+    progress: Any = None,
+) -> tuple[list[list[Sample]], RolloutStats]:
+    """Sample ``params.n`` responses for each row; return one list of samples per kept prompt."""
+    stats = RolloutStats()
+    texts, ids, kept = [], [], []
+    for i, row in enumerate(rows):
+        text = prompt_text(row, tokenizer)
+        tok_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(tok_ids) > max_prompt_len:
+            stats.skipped_long_prompts += 1
+            continue
+        texts.append(text)
+        ids.append(tok_ids)
+        kept.append(i)
+    if not kept:
+        return [], stats
+    t0 = time.perf_counter()
+    outs = engine.generate(ids, params)
+    stats.gen_seconds = time.perf_counter() - t0
+    groups: list[list[Sample]] = []
+    flat: list[Sample] = []
+    for g, (i, text, p_ids, comps) in enumerate(zip(kept, texts, ids, outs)):
+        row = rows[i]
+        group = []
+        for c in comps:
+            s = Sample(
+                group=group_offset + g,
+                prompt_index=row_offset + i,
+                prompt=text,
+                prompt_ids=list(p_ids),
+                response=tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                response_ids=list(c.token_ids),
+                logprobs=list(c.logprobs),
+                finish_reason=c.finish_reason,
+                truncated=c.finish_reason == "length",
+                ground_truth=ground_truth(row),
+                data_source=str(row.get("data_source", "")),
+            )
+            group.append(s)
+            flat.append(s)
+        groups.append(group)
+    stats.prompts = len(groups)
+    stats.samples = len(flat)
+    stats.gen_tokens = sum(s.length for s in flat)
+    t0 = time.perf_counter()
+    scores, sstats = scorer.score_batch([s.response for s in flat], [s.ground_truth for s in flat])
+    stats.score_seconds = time.perf_counter() - t0
+    stats.scorer = {k: int(v) for k, v in dict(sstats).items() if isinstance(v, (int, float))}
+    for s, sc in zip(flat, scores):
+        s.reward = float(sc.reward)
+        s.correct = bool(sc.correct)
+        s.extracted = sc.extracted
+        s.score_status = sc.status
+        s.shaped_reward = s.reward
+    return groups, stats
+
+
+def write_rollouts(path: str | Path, samples: Sequence[Sample], step: int | None = None) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    recs = []
+    for s in samples:
+        d = asdict(s)
+        d["length"] = s.length
+        if step is not None:
+            d["step"] = step
+        recs.append(d)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(path) + ".tmp")
+    pq.write_table(pa.Table.from_pylist(recs), tmp)
+    tmp.replace(path)
+
+
+def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()

@@ -1,0 +1,1 @@
+"""The stages behind the CLI: each is a plain function over one documented config dataclass."""

@@ -1,0 +1,68 @@
+"""`reasonrl rollout`: G responses per prompt from a policy, scored, written as parquet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
+from reasonrl.config import check, opt, to_dict
+from reasonrl.stages.common import ModelOpts, SamplingOpts, open_generation
+
+
+@dataclass
+class RolloutConfig(ModelOpts, SamplingOpts):
+    data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
+    split: str = opt("train", "Which split to sample prompts from: train or validation.")
+    num_prompts: int | None = opt(None, "Prompts to use (in a seeded order); all when omitted.")
+    out: str = opt("runs/rollouts", "Output directory: rollouts.parquet, summary.json, manifest.json.")
+    overwrite: bool = opt(False, "Replace a finished output directory.")
+
+    def __post_init__(self) -> None:
+        self._check_model()
+        self._check_sampling()
+        check(self.split in ("train", "validation"), "split must be train or validation")
+        check(self.num_prompts is None or self.num_prompts >= 1, "num_prompts must be >= 1")
+
+
+def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
+    import random
+
+    from rich.console import Console
+
+    from reasonrl.data import load_prepared
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.rollout import generate_rollouts, write_rollouts
+
+    console = console or Console(stderr=True)
+    rows = load_prepared(cfg.data, cfg.split)
+    if cfg.num_prompts is not None:
+        random.Random(cfg.seed).shuffle(rows)
+        rows = rows[: cfg.num_prompts]
+    out = prepare_out_dir(cfg.out, overwrite=cfg.overwrite)
+    gen = open_generation(cfg)
+    try:
+        params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len, seed=cfg.seed)
+        with console.status(f"generating {len(rows)} × {cfg.group_size} responses ({gen.engine.name})"):
+            groups, st = generate_rollouts(gen.engine, gen.tokenizer, gen.scorer, rows, params, max_prompt_len=cfg.max_prompt_len)
+    finally:
+        gen.close()
+    flat = [s for g in groups for s in g]
+    write_rollouts(out / "rollouts.parquet", flat)
+    summary = {
+        "prompts": st.prompts,
+        "samples": st.samples,
+        "accuracy": sum(s.correct for s in flat) / len(flat) if flat else 0.0,
+        "reward_mean": sum(s.reward for s in flat) / len(flat) if flat else 0.0,
+        "truncated_frac": sum(s.truncated for s in flat) / len(flat) if flat else 0.0,
+        "gen_tokens": st.gen_tokens,
+        "gen_tokens_per_s": st.gen_tokens / st.gen_seconds if st.gen_seconds else 0.0,
+        "skipped_long_prompts": st.skipped_long_prompts,
+        "scorer": st.scorer,
+        "engine": gen.engine.name,
+    }
+    write_json(out / "summary.json", summary)
+    write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)})
+    console.print(f"rollout: {st.samples} responses, accuracy {summary['accuracy']:.3f}, {summary['gen_tokens_per_s']:.0f} tok/s → {out / 'rollouts.parquet'}")
+    return summary

@@ -1,0 +1,117 @@
+"""Training backends: one step on a batch.
+
+``backend.step(micro_batches, loss_fn)`` runs forward/backward on each micro-batch (``loss_fn``
+returns a loss already weighted for its share of the mini-batch, plus metrics), clips the gradient
+norm, and takes one optimizer step; ``scheduler_step()`` advances the LR once per training step. The single-process torch backend lives here; the
+DeepSpeed ZeRO backend (``reasonrl.train.ds_backend``) implements the same methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+
+def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
+    """DAPO's schedule: linear warm-up over ``warmup_steps`` training steps, then constant."""
+    return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def autocast_ctx(dtype: str) -> Any:
+    if dtype == "bf16":
+        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def resolve_dtype(dtype: str) -> str:
+    """"auto" → bf16 autocast where the hardware has bf16, else fp32."""
+    if dtype != "auto":
+        return dtype
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    try:
+        return "bf16" if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+    except Exception:  # noqa: BLE001
+        return "fp32"
+
+
+class TrainingBackend(Protocol):
+    model: torch.nn.Module
+    rank: int
+    world_size: int
+
+    def step(self, micro_batches: Sequence[Any], loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]: ...
+
+    def scheduler_step(self) -> None: ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def save_model(self, out_dir: Path, tokenizer: Any = None) -> None: ...
+
+    def save_state(self, out_dir: Path) -> None: ...
+
+    def load_state(self, out_dir: Path) -> None: ...
+
+    def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class TorchBackend:
+    """Single process: AdamW, grad-norm clipping, warm-up then constant LR, bf16 autocast."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999), grad_clip: float, warmup_steps: int, dtype: str) -> None:
+        self.model = model
+        self.model.train()
+        self.grad_clip = grad_clip
+        self.dtype = dtype
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
+
+    def step(self, micro_batches: Sequence[Any], loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        for mb in micro_batches:
+            with autocast_ctx(self.dtype):
+                loss, m = loss_fn(self.model, mb)
+            loss.backward()
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        gn = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else float("inf")) if params else torch.tensor(0.0)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if math.isfinite(float(gn)):
+            self.optimizer.step()
+        metrics["grad_norm"] = float(gn)
+        metrics["lr"] = lr
+        return metrics
+
+    def scheduler_step(self) -> None:
+        """Once per training step (rollout), as verl counts warm-up steps."""
+        self.scheduler.step()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save_model(self, out_dir: Path, tokenizer: Any = None) -> None:
+        self.model.save_pretrained(out_dir, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+
+    def save_state(self, out_dir: Path) -> None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, Path(out_dir) / "optim.pt")
+
+    def load_state(self, out_dir: Path) -> None:
+        st = torch.load(Path(out_dir) / "optim.pt", weights_only=True)
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+
+    def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        return x

@@ -1,0 +1,83 @@
+"""The --algo table: rows have the specified values; unknown names raise; replace re-validates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from reasonrl.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, ALGOS, KL_ESTIMATORS, AlgoSpec, get_algo
+
+
+def test_rows_present() -> None:
+    assert set(ALGOS) == {"ppo", "vcppo", "grpo", "dapo"}
+    for name, spec in ALGOS.items():
+        assert spec.name == name
+        assert spec.advantage in ADVANTAGE_ESTIMATORS and spec.loss_agg in AGG_MODES and spec.kl_kind in KL_ESTIMATORS
+        assert spec.gamma == 1.0
+
+
+def test_ppo_row() -> None:
+    s = get_algo("ppo")
+    assert (s.advantage, s.use_critic, s.lam_actor, s.lam_critic) == ("gae", True, 0.95, 0.95)
+    assert (s.eps_low, s.eps_high, s.loss_agg) == (0.2, 0.2, "token-mean")
+    assert s.whiten_advantages and not s.pretrained_critic_required
+    assert not (s.dynamic_sampling or s.overlong_filter or s.overlong_penalty)
+    assert s.kl_coef == 0.0 and s.dual_clip is None
+
+
+def test_vcppo_row() -> None:
+    s = get_algo("vcppo")
+    assert (s.advantage, s.use_critic, s.lam_actor, s.lam_critic) == ("gae", True, 0.95, 1.0)
+    assert s.pretrained_critic_required
+    assert (s.eps_low, s.eps_high) == (0.2, 0.2)
+
+
+def test_grpo_row() -> None:
+    s = get_algo("grpo")
+    assert (s.advantage, s.use_critic) == ("grpo", False)
+    assert (s.eps_low, s.eps_high, s.loss_agg) == (0.2, 0.2, "seq-mean-token-mean")
+    assert s.kl_coef == 0.0 and s.grpo_scale_by_std
+    assert not (s.dynamic_sampling or s.overlong_filter or s.overlong_penalty or s.whiten_advantages)
+
+
+def test_dapo_row() -> None:
+    s = get_algo("dapo")
+    assert (s.advantage, s.use_critic) == ("grpo", False)
+    assert (s.eps_low, s.eps_high, s.loss_agg) == (0.2, 0.28, "token-mean")
+    assert s.dynamic_sampling and s.overlong_filter and s.overlong_penalty
+    assert s.kl_coef == 0.0 and not s.whiten_advantages
+
+
+def test_unknown_name_raises_naming_valid() -> None:
+    with pytest.raises(ValueError, match="ppo, vcppo, grpo, dapo"):
+        get_algo("reinforce")
+
+
+def test_frozen_and_replace_revalidates() -> None:
+    s = get_algo("dapo")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.eps_high = 0.3  # type: ignore[misc]
+    s2 = s.replace(eps_high=0.3, name="dapo-wide")
+    assert s2.eps_high == 0.3 and s.eps_high == 0.28 and ALGOS["dapo"].eps_high == 0.28
+    with pytest.raises(ValueError, match="loss_agg"):
+        s.replace(loss_agg="sum")
+    with pytest.raises(ValueError, match="unknown AlgoSpec field"):
+        s.replace(epsilon=0.1)
+    with pytest.raises(ValueError, match="use_critic"):
+        s.replace(advantage="gae")
+    with pytest.raises(ValueError):
+        get_algo("ppo").replace(dual_clip=0.5)
+    with pytest.raises(ValueError, match="kl_kind"):
+        s.replace(kl_kind="k4")
+    with pytest.raises(ValueError, match="kl_in_reward"):
+        s.replace(kl_in_reward=True)
+    assert get_algo("ppo").replace(dual_clip=3.0, adaptive_lambda=True).dual_clip == 3.0
+
+
+def test_every_field_documented() -> None:
+    for f in dataclasses.fields(AlgoSpec):
+        assert AlgoSpec.field_help(f.name), f.name
+    with pytest.raises(ValueError):
+        AlgoSpec.field_help("nope")
+    assert get_algo("grpo").as_dict()["loss_agg"] == "seq-mean-token-mean"

@@ -1,0 +1,116 @@
+"""avg@n, pass@k, maj@n and bootstrap CIs against hand-computed values."""
+
+from __future__ import annotations
+
+from math import comb
+
+import pytest
+
+from reasonrl.evaluation.metrics import (
+    _pass_at_k,
+    _quantile,
+    avg_at_n,
+    bootstrap_ci,
+    maj_at_n,
+    majority_vote,
+    pass_at_k_mean,
+    per_problem_maj,
+    summarize,
+)
+
+T, F = True, False
+# problem 0: 1 of 4 correct; problem 1: 2 of 4 correct
+CORRECT = [[T, F, F, F], [T, T, F, F]]
+
+
+def test_avg_at_n() -> None:
+    assert avg_at_n(CORRECT) == pytest.approx(0.375)  # (1/4 + 2/4) / 2 = 3/8 of all samples
+    assert avg_at_n([[T] * 32, [F] * 32]) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (4, 1, 1, 0.25),  # pass@1 = c/n
+        (4, 0, 2, 0.0),
+        (4, 4, 1, 1.0),
+        (3, 1, 3, 1.0),  # n - c = 2 < k = 3: every 3-subset holds the correct one
+        (32, 3, 8, 1 - comb(29, 8) / comb(32, 8)),
+    ],
+)
+def test_pass_at_k_estimator(n: int, c: int, k: int, expected: float) -> None:
+    assert _pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_mean() -> None:
+    # problem 0: 1 - C(3,2)/C(4,2) = 1/2; problem 1: 1 - C(2,2)/C(4,2) = 5/6; mean 2/3
+    assert pass_at_k_mean(CORRECT, 2) == pytest.approx(2 / 3)
+    assert pass_at_k_mean(CORRECT, 1) == pytest.approx(avg_at_n(CORRECT))
+    assert pass_at_k_mean(CORRECT, 4) == 1.0
+    with pytest.raises(ValueError):
+        pass_at_k_mean(CORRECT, 5)
+
+
+def test_majority_vote() -> None:
+    assert majority_vote(["025", "25", "7", None]) == "025"  # "025" and "25" vote together
+    assert majority_vote(["3", "4", "4", "3"]) == "3"  # tie: first occurrence wins
+    assert majority_vote(["4", "3", "3", "4"]) == "4"
+    assert majority_vote([None, None]) is None
+    assert majority_vote([]) is None
+    assert majority_vote(["$\\frac{1}{2}$", "\\frac{1}{2}", "0.5"]) == "$\\frac{1}{2}$"
+
+
+def test_maj_at_n() -> None:
+    answers = [["025", "25", "7", None], ["3", "4", "4", "3"], [None, None], ["1/2", "0.5", "1/2"]]
+    gts = ["25", "3", "1", "1/2"]
+    assert per_problem_maj(answers, gts) == [1.0, 1.0, 0.0, 1.0]
+    assert maj_at_n(answers, gts) == 0.75
+    # a custom equivalence (e.g. reasonrl.rewards.answers_equivalent) decides correctness
+    assert maj_at_n([["0.5", "0.5", "1/2"]], ["\\frac{1}{2}"]) == 0.0
+    assert maj_at_n([["0.5", "0.5", "1/2"]], ["\\frac{1}{2}"], equal=lambda a, b: a == "0.5") == 1.0
+
+
+def test_quantile_matches_numpy_linear() -> None:
+    assert _quantile([0.0, 1.0, 2.0, 3.0], 0.5) == 1.5
+    assert _quantile([0.0, 1.0, 2.0, 3.0], 0.25) == 0.75
+    assert _quantile([5.0], 0.9) == 5.0
+
+
+def test_bootstrap_ci() -> None:
+    assert bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    # two problems scoring 0 and 1: resampled means are 0, 0.5, 1 with probability 1/4, 1/2, 1/4,
+    # so the 2.5% and 97.5% quantiles of 1000 resamples are 0 and 1.
+    assert bootstrap_ci([0.0, 1.0], n_boot=1000) == (0.0, 1.0)
+    values = [float(i % 3 == 0) for i in range(30)]
+    lo, hi = bootstrap_ci(values, seed=1)
+    assert lo < sum(values) / 30 < hi
+    assert bootstrap_ci(values, seed=1) == (lo, hi)  # deterministic
+    lo90, hi90 = bootstrap_ci(values, alpha=0.10, seed=1)
+    assert lo <= lo90 <= hi90 <= hi
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+
+
+def test_summarize() -> None:
+    answers = [["5", "6", "6", "6"], ["1", "2", "2", None]]
+    out = summarize(CORRECT, answers, ["5", "2"])
+    assert list(out) == ["avg@4", "pass@1", "pass@4", "maj@4"]  # k = 8 > n = 4 is skipped
+    assert out["avg@4"]["value"] == pytest.approx(0.375)
+    assert out["pass@1"]["value"] == pytest.approx(0.375)
+    assert out["pass@4"]["value"] == 1.0 and out["pass@4"]["ci"] == [1.0, 1.0]
+    assert out["maj@4"]["value"] == 0.5  # problem 0 votes 6 (wrong), problem 1 votes 2 (right)
+    lo, hi = out["avg@4"]["ci"]
+    assert 0.25 <= lo <= 0.375 <= hi <= 0.5  # per-problem values are 0.25 and 0.5
+    custom = summarize(CORRECT, ks=(2,))
+    assert list(custom) == ["avg@4", "pass@2"]
+    assert custom["pass@2"]["value"] == pytest.approx(2 / 3)
+
+
+def test_empty_inputs_raise() -> None:
+    with pytest.raises(ValueError):
+        avg_at_n([])
+    with pytest.raises(ValueError):
+        avg_at_n([[]])
+    with pytest.raises(ValueError):
+        maj_at_n([["1"]], [])

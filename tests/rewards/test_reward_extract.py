@@ -1,0 +1,77 @@
+"""extract_answer: DAPO's `Answer:` line first, then the last \\boxed{} / \\fbox{}."""
+
+from __future__ import annotations
+
+import pytest
+
+from reasonrl.rewards import extract_answer, find_boxed
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("Let me think.\n2 + 3 = 5.\nAnswer: 5", "5"),
+        ("...\nAnswer: 025\n", "025"),
+        ("...\nAnswer:42", "42"),
+        ("...\n  Answer:   $\\frac{1}{2}$  ", "$\\frac{1}{2}$"),
+        ("...\n**Answer:** 540", "540"),
+        ("...\n**Answer: 540**", "540"),
+        ("...\n## Answer: 12", "12"),
+        ("...\n> *Answer*: 7", "7"),
+        ("...\nANSWER: -3", "-3"),
+        ("...\nanswer: 3,000", "3,000"),
+        ("...\nAnswer: 540 dollars.", "540 dollars."),
+        # The Answer line wins over a later box, and a box on the Answer line is unwrapped.
+        ("Answer: 12\nso maybe \\boxed{13}", "12"),
+        ("...\nAnswer: $\\boxed{\\frac{3}{4}}$", "\\frac{3}{4}"),
+    ],
+)
+def test_answer_line(response: str, expected: str) -> None:
+    assert extract_answer(response) == expected
+
+
+def test_several_answer_lines_last_wins() -> None:
+    assert extract_answer("Answer: 1\nwait, that is wrong.\nAnswer: 2\nmore text") == "2"
+
+
+def test_empty_answer_line_is_skipped() -> None:
+    assert extract_answer("Answer: 7\nthinking again\nAnswer:\n") == "7"
+    assert extract_answer("so \\boxed{9}\nAnswer:   ") == "9"
+    assert extract_answer("Answer: **") is None
+
+
+def test_answer_inside_a_sentence_is_not_a_line() -> None:
+    # "Answer:" must start the line (after markdown); otherwise the box decides.
+    assert extract_answer("The Answer: 3 is wrong, so \\boxed{4}") == "4"
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("so the result is \\boxed{42}.", "42"),
+        ("$\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}} done", "\\frac{\\sqrt{3}}{2}"),
+        ("\\boxed {7}", "7"),
+        ("\\fbox{8}", "8"),
+        ("first \\boxed{1}, then \\boxed{2}, finally \\boxed{-3}", "-3"),
+        ("set \\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("\\boxed{\\boxed{5}}", "5"),
+        # an unclosed (truncated) last box is ignored; the previous one counts
+        ("\\boxed{10} and then \\boxed{\\frac{1}{", "10"),
+        ("\\boxed{} and \\boxed{3}", "3"),
+    ],
+)
+def test_boxed(response: str, expected: str) -> None:
+    assert extract_answer(response) == expected
+
+
+@pytest.mark.parametrize(
+    "response",
+    ["", "I do not know.", "the answer is 5", "\\boxed{}", "\\boxed{unclosed", "\\boxed 5"],
+)
+def test_no_answer(response: str) -> None:
+    assert extract_answer(response) is None
+
+
+def test_find_boxed_order_and_nesting() -> None:
+    assert find_boxed("\\boxed{a} x \\fbox{b{c}} \\boxed{") == ["a", "b{c}"]
