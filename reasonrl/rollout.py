@@ -33,6 +33,7 @@ class Sample:
     score_status: str = "ok"
     shaped_reward: float = 0.0  # reward + soft overlong punishment (when the algo uses it)
     data_source: str = ""
+    kept: bool = True  # False when dynamic sampling dropped (or trimmed) its group
 
     @property
     def length(self) -> int:
@@ -133,7 +134,7 @@ def generate_rollouts(
     t0 = time.perf_counter()
     scores, sstats = scorer.score_batch([s.response for s in flat], [s.ground_truth for s in flat])
     stats.score_seconds = time.perf_counter() - t0
-    stats.scorer = {k: int(v) for k, v in dict(sstats).items() if isinstance(v, (int, float))}
+    stats.scorer = {k: int(v) for k, v in sstats.as_dict().items() if k != "seconds"}
     for s, sc in zip(flat, scores):
         s.reward = float(sc.reward)
         s.correct = bool(sc.correct)

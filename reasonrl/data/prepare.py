@@ -28,7 +28,7 @@ from reasonrl.config import check, opt, to_dict
 from reasonrl.data.decontaminate import EvalIndex, normalise_text
 from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
 from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
-from reasonrl.data.templates import TEMPLATES, apply_template
+from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.paths import DATA
 
@@ -47,7 +47,7 @@ class PrepareConfig:
     inputs: list[str] = opt([], help="Math data to read: .jsonl/.json/.parquet files (verl RL parquet included), saved `datasets` directories, or directories of such files.")
     out: str = opt("runs/data", help="Output directory for train.parquet, validation.parquet, report.json and manifest.json.")
     integerize: bool = opt(True, help="Rewrite problems whose answer is not an integer (m/n -> m+n, a*sqrt(b) -> a+b, ...; DAPO section 3.5); false keeps only rows whose answer already is an integer.")
-    template: str = opt("dapo", help="Prompt template: 'dapo' (SPEC.md's DAPO template, answer on an 'Answer:' line), 'boxed' (answer in \\boxed{}), or 'none' (the raw problem).")
+    template: str = opt("dapo", help="Prompt template: 'dapo' (SPEC.md's DAPO template, answer on an 'Answer:' line), 'boxed' (answer in \\boxed{}), 'none' (the raw problem), or 'fewshot' / 'dapo-fewshot' (two worked 'Answer: N' examples as earlier chat turns, then the problem raw / in the DAPO template).")
     val_fraction: float = opt(0.05, help="Fraction of the kept rows held out for validation (at least 1 row when > 0 and 2+ rows are kept); ignored when val_size is set.")
     val_size: int | None = opt(None, help="Exact number of validation rows (overrides val_fraction).")
     seed: int = opt(0, help="Seed of the deterministic train/validation split.")
@@ -65,7 +65,7 @@ class PrepareConfig:
     def __post_init__(self) -> None:
         check(isinstance(self.inputs, list) and len(self.inputs) > 0, "inputs is empty: pass one or more data files or directories")
         check(bool(str(self.out).strip()), "out is empty: pass an output directory with --out")
-        check(self.template in TEMPLATES, f"template must be one of {', '.join(TEMPLATES)}, got '{self.template}'")
+        check(self.template in ALL_TEMPLATES, f"template must be one of {', '.join(ALL_TEMPLATES)}, got '{self.template}'")
         check(0.0 <= self.val_fraction < 1.0, f"val_fraction must be in [0, 1), got {self.val_fraction}")
         check(self.val_size is None or self.val_size >= 0, f"val_size must be >= 0, got {self.val_size}")
         check(self.ngram >= 1, f"ngram must be >= 1, got {self.ngram}")
@@ -186,7 +186,7 @@ def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
 def _verl_row(row: _Row, split: str, index: int, template: str) -> dict[str, Any]:
     return {
         "data_source": row.data_source,
-        "prompt": [{"role": "user", "content": apply_template(template, row.item.problem)}],
+        "prompt": messages_for(template, row.item.problem),
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(row.item.answer)},
         "extra_info": {

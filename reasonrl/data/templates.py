@@ -28,3 +28,28 @@ def strip_template(text: str) -> str | None:
     if text.endswith(boxed_suffix):
         return text[: len(text) - len(boxed_suffix)]
     return None
+
+
+#: Worked examples shown before the problem by the few-shot templates (as earlier chat turns), so
+#: a small instruct model sees the "Answer: N" format it is rewarded for. Kept arithmetic-free of
+#: the evaluation sets on purpose.
+FEWSHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("What is 2 + 2?", "2 + 2 = 4.\nAnswer: 4"),
+    ("What is 10 + 5?", "10 + 5 = 15.\nAnswer: 15"),
+)
+#: few-shot template name → the single-turn template used for every turn
+FEWSHOT_TEMPLATES = {"fewshot": "none", "dapo-fewshot": "dapo"}
+
+
+def messages_for(name: str, problem: str) -> list[dict[str, str]]:
+    """The chat messages (verl's ``prompt`` column) for ``problem`` under template ``name``."""
+    if name in FEWSHOT_TEMPLATES:
+        inner = FEWSHOT_TEMPLATES[name]
+        msgs: list[dict[str, str]] = []
+        for q, a in FEWSHOT_EXAMPLES:
+            msgs += [{"role": "user", "content": apply_template(inner, q)}, {"role": "assistant", "content": a}]
+        return msgs + [{"role": "user", "content": apply_template(inner, problem)}]
+    return [{"role": "user", "content": apply_template(name, problem)}]
+
+
+ALL_TEMPLATES = (*TEMPLATES, *FEWSHOT_TEMPLATES)

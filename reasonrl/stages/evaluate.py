@@ -39,7 +39,7 @@ class EvalConfig(ModelOpts):
     max_response_len: int = opt(1024, "Generation cap in tokens.")
     max_prompt_len: int = opt(2048, "Prompts longer than this are skipped and counted.")
     max_problems: int | None = opt(None, "Evaluate only the first N problems.")
-    template: str = opt("dapo", "Prompt template for raw problems: dapo, boxed or none.")
+    template: str = opt("dapo", "Prompt template for raw problems: dapo, boxed, none, fewshot or dapo-fewshot.")
     ks: list[int] = opt([1, 8], "pass@k values reported besides pass@n.")
     bootstrap: int = opt(1000, "Bootstrap resamples for the confidence intervals.")
     out: str = opt("runs/eval", "Output directory: results.json, samples.jsonl, manifest.json.")
@@ -51,14 +51,16 @@ class EvalConfig(ModelOpts):
         check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature must be >= 0 and top_p in (0, 1]")
         check(self.max_response_len >= 1, "max_response_len must be >= 1")
         check(self.max_problems is None or self.max_problems >= 1, "max_problems must be >= 1")
-        check(self.template in ("dapo", "boxed", "none"), "template must be dapo, boxed or none")
+        from reasonrl.data.templates import ALL_TEMPLATES
+
+        check(self.template in ALL_TEMPLATES, f"template must be one of {', '.join(ALL_TEMPLATES)}")
         check(all(k >= 1 for k in self.ks), "ks must be positive")
 
 
 def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
     """Rows in the prepared (verl) shape: prompt messages, reward_model.ground_truth, data_source."""
     from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
-    from reasonrl.data.templates import apply_template
+    from reasonrl.data.templates import messages_for
 
     if dataset in EVAL_SETS:
         paths = [bundled(f) for f in EVAL_SETS[dataset][1]]
@@ -84,7 +86,7 @@ def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
                 except (BadRow, NoAnswer) as e:
                     raise ReasonRLError(f"{e}: every evaluation row needs a problem and an answer") from None
                 rows.append({
-                    "prompt": [{"role": "user", "content": apply_template(template, fields.problem)}],
+                    "prompt": messages_for(template, fields.problem),
                     "reward_model": {"style": "rule", "ground_truth": str(fields.answer)},
                     "data_source": f.stem,
                     "extra_info": {"where": rec.where},

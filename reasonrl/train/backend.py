@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -94,7 +95,9 @@ class TorchBackend:
 
     def scheduler_step(self) -> None:
         """Once per training step (rollout), as verl counts warm-up steps."""
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a step whose batch was empty made no optimizer step
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}

@@ -164,6 +164,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     try:
         for step in range(start + 1, cfg.steps + 1):
             m = train_step(loop, cfg, step)
+            samples = m.pop("_samples", [])
             history.append(m)
             if rank == 0:
                 append_jsonl(out / "metrics.jsonl", m)
@@ -172,8 +173,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
                 if cfg.keep_rollouts:
                     from reasonrl.rollout import write_rollouts
 
-                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", m.pop("_samples"), step=step)
-            m.pop("_samples", None)
+                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", samples, step=step)
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 save_checkpoint(out, step, loop, tok, rank)
     finally:
@@ -206,6 +206,7 @@ def train_step(loop: Loop, cfg: TrainConfig, step: int) -> dict[str, Any]:
         m.update(rollout_metrics(col, None))
         m["skipped_update"] = 1
         loop.policy_backend.scheduler_step()
+        m["_samples"] = col.generated
         return m
     t0 = time.perf_counter()
     st = loop.prepare(col.groups)
@@ -226,7 +227,7 @@ def train_step(loop: Loop, cfg: TrainConfig, step: int) -> dict[str, Any]:
     m["train_tokens_per_s"] = n_tok * cfg.ppo_epochs / max(train_s, 1e-9)  # tokens through the policy update per second
     m["weight_sync_s"] = loop.sync_engine()
     m["step_seconds"] = time.perf_counter() - t_step
-    m["_samples"] = [s for g in col.groups for s in g]
+    m["_samples"] = col.generated
     return m
 
 

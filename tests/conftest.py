@@ -1,0 +1,76 @@
+"""Shared fixtures: the tiny in-process model (random, and one taught the answer format)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from reasonrl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def toy_rows(n: int, seed: int = 0) -> list[dict]:
+    """'What is a + b?' with a + b <= 4: a task the tiny model can learn in a few RL steps."""
+    rng = random.Random(seed)
+    phrasings = ["What is {a} + {b}?", "Compute {a} + {b}.", "Add {a} and {b}."]
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 2), rng.randint(0, 2)
+        rows.append({"problem": rng.choice(phrasings).format(a=a, b=b), "answer": str(a + b)})
+    return rows
+
+
+def sft_answer_format(model_dir: Path, out_dir: Path, steps: int = 60, seed: int = 0) -> Path:
+    """Teach the random tiny model the *format* 'Answer: d' with a random digit d in 0..4.
+
+    The digit is independent of the question, so accuracy starts near chance (~20%); only RL
+    can teach which digit is right.
+    """
+    import torch
+
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    rows = toy_rows(256, seed=seed + 1)
+    for _ in range(steps):
+        batch = rng.sample(rows, 32)
+        texts = []
+        for r in batch:
+            prompt = tok.apply_chat_template([{"role": "user", "content": r["problem"]}], add_generation_prompt=True, tokenize=False)
+            texts.append(prompt + f"Answer: {rng.randint(0, 4)}<|im_end|>")
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+        loss = model(**enc, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def format_model(tiny_model, tmp_path_factory) -> Path:
+    return sft_answer_format(tiny_model, tmp_path_factory.mktemp("fmt") / "model")
+
+
+@pytest.fixture(scope="session")
+def toy_data_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("toy") / "toy.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in toy_rows(200, seed=3)))
+    return p

@@ -1,0 +1,51 @@
+"""Fixtures for the engine tests: the tiny model (built once per session) and HF helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+# The tiny model's matmuls are microseconds: with 2 OpenMP threads on 2 cores shared with other
+# jobs, every op waits for a descheduled thread (measured 80× slower). One thread is robust.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from reasonrl.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_tok(tiny_dir: Path):
+    from reasonrl.models import load_tokenizer
+
+    return load_tokenizer(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_tok) -> list[list[int]]:
+    texts = ["What is 12 + 30? Answer:", "Solve the following math problem step by step.", "7"]
+    return [tiny_tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _hf_logprobs(model, prompt: list[int], completion: list[int], *, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """Log-probabilities of ``completion`` after ``prompt`` under ``model``, from one full forward, of
+    the distribution sampled from (temperature, then top-k / top-p renormalised; temperature 0 = raw)."""
+    from reasonrl.engines.hf import filter_logits
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    if temperature > 0:
+        logits = filter_logits(logits / temperature, top_k, top_p)
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+@pytest.fixture(scope="session")
+def hf_logprobs():
+    """``hf_logprobs(model, prompt, completion, temperature=, top_k=, top_p=)`` → (T,) tensor."""
+    return _hf_logprobs

@@ -1,0 +1,141 @@
+"""The transformers engine: top-k/top-p filtering, n samples per prompt, seeds, finish reasons,
+log-probabilities (temperature 0 → log_softmax; sampling → the distribution sampled from)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reasonrl.engines.base import SamplingParams
+from reasonrl.engines.hf import HFEngine, filter_logits
+
+
+# ---------------------------------------------------------------- filter_logits
+def test_filter_logits_top_k_keeps_the_k_largest() -> None:
+    logits = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0], [0.0, -1.0, 2.0, 1.0, -2.0]])
+    out = filter_logits(logits, top_k=2, top_p=1.0)
+    assert torch.isfinite(out).sum(-1).tolist() == [2, 2]
+    assert torch.isfinite(out[0]).tolist() == [False, True, False, True, False]
+    assert torch.isfinite(out[1]).tolist() == [False, False, True, True, False]
+    kept = torch.isfinite(out)
+    assert torch.equal(out[kept], logits[kept])  # kept logits unchanged
+
+
+def test_filter_logits_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    logits = probs.log()
+    # (thresholds away from the cumulative sums 0.5 / 0.8 / 0.95, where float rounding decides)
+    assert torch.isfinite(filter_logits(logits, -1, 0.1)).tolist() == [[True, False, False, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.45)).tolist() == [[True, False, False, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.55)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.75)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.85)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(filter_logits(logits, -1, 0.99)).all()
+    # order of the vocabulary does not matter
+    perm = torch.tensor([2, 0, 3, 1])
+    assert torch.isfinite(filter_logits(logits[:, perm], -1, 0.55)).tolist() == [[False, True, False, True]]
+
+
+def test_filter_logits_disabled_and_combined() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=g)
+    assert torch.equal(filter_logits(logits, -1, 1.0), logits)
+    assert torch.equal(filter_logits(logits, 50, 1.0), logits)
+    both = filter_logits(logits, 10, 0.5)
+    assert (torch.isfinite(both).sum(-1) <= 10).all()
+    assert (torch.isfinite(both).sum(-1) >= 1).all()
+    # the argmax always survives
+    assert torch.isfinite(both.gather(-1, logits.argmax(-1, keepdim=True))).all()
+
+
+# ---------------------------------------------------------------- generation
+@pytest.fixture(scope="module")
+def hf(tiny_dir) -> HFEngine:
+    return HFEngine(str(tiny_dir), dtype="fp32", seed=0, batch_size=4)
+
+
+def test_n_samples_per_prompt_shapes_and_logprobs(hf: HFEngine, prompts) -> None:
+    out = hf.generate(prompts, SamplingParams(n=3, temperature=1.0, max_tokens=10, seed=1))
+    assert len(out) == len(prompts) and all(len(g) == 3 for g in out)
+    for g in out:
+        for c in g:
+            assert len(c.token_ids) == len(c.logprobs) and 1 <= len(c.token_ids) <= 10
+            assert all(math.isfinite(x) and x <= 0 for x in c.logprobs)
+            if c.finish_reason == "length":
+                assert len(c.token_ids) == 10
+            else:
+                assert c.finish_reason == "stop" and c.token_ids[-1] in hf.eos_ids
+    # the samples of a prompt differ (random 512-token model: a collision is ~impossible)
+    assert len({tuple(c.token_ids) for c in out[0]}) == 3
+    assert hf.last_stats.completions == 3 * len(prompts)
+    assert hf.last_stats.tokens == sum(len(c.token_ids) for g in out for c in g)
+
+
+def test_seed_reproducible_and_seeds_differ(hf: HFEngine, prompts) -> None:
+    p = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=7)
+    a = hf.generate(prompts, p)
+    b = hf.generate(prompts, p)
+    c = hf.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=8))
+    assert [x.token_ids for g in a for x in g] == [x.token_ids for g in b for x in g]
+    assert [x.logprobs for g in a for x in g] == [x.logprobs for g in b for x in g]
+    assert [x.token_ids for g in a for x in g] != [x.token_ids for g in c for x in g]
+
+
+def test_finish_reasons_length_and_forced_stop(hf: HFEngine, prompts) -> None:
+    greedy = hf.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    for g in greedy:
+        assert g[0].finish_reason == "length" and len(g[0].token_ids) == 6
+    first = greedy[0][0].token_ids[0]
+    stopped = hf.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=6, stop_token_ids=(first,)))[0][0]
+    assert stopped.finish_reason == "stop" and stopped.truncated is False
+    assert stopped.token_ids == [first]  # the stop token is kept
+
+
+def test_temperature_zero_logprobs_equal_log_softmax(hf: HFEngine, prompts, hf_logprobs) -> None:
+    out = hf.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    for p, g in zip(prompts, out):
+        c = g[0]
+        want = hf_logprobs(hf.model, p, c.token_ids, temperature=0)
+        torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
+        # greedy: each token is the argmax of its step
+        with torch.no_grad():
+            logits = hf.model(input_ids=torch.tensor([p + c.token_ids])).logits[0, len(p) - 1 : -1]
+        assert logits.argmax(-1).tolist() == c.token_ids
+
+
+def test_sampling_logprobs_are_of_the_filtered_distribution(hf: HFEngine, prompts, hf_logprobs) -> None:
+    for kw in ({"temperature": 0.7}, {"temperature": 1.3, "top_k": 20}, {"temperature": 1.0, "top_p": 0.3}):
+        out = hf.generate(prompts, SamplingParams(n=2, max_tokens=8, seed=3, **kw))
+        for p, g in zip(prompts, out):
+            for c in g:
+                want = hf_logprobs(hf.model, p, c.token_ids, **kw)
+                assert torch.isfinite(want).all()  # every sampled token survived the filters
+                torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
+
+
+def test_top_k_one_is_greedy_with_logprob_zero(hf: HFEngine, prompts) -> None:
+    greedy = hf.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    k1 = hf.generate(prompts, SamplingParams(temperature=1.0, top_k=1, max_tokens=6, seed=0))
+    assert [g[0].token_ids for g in greedy] == [g[0].token_ids for g in k1]
+    assert all(x == 0.0 for g in k1 for x in g[0].logprobs)
+
+
+def test_batching_is_invisible(tiny_dir, prompts) -> None:
+    """Greedy results do not depend on batch size / left padding."""
+    a = HFEngine(str(tiny_dir), dtype="fp32", batch_size=1).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    b = HFEngine(str(tiny_dir), dtype="fp32", batch_size=8).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    assert [g[0].token_ids for g in a] == [g[0].token_ids for g in b]
+    for ga, gb in zip(a, b):
+        torch.testing.assert_close(torch.tensor(ga[0].logprobs), torch.tensor(gb[0].logprobs), atol=1e-4, rtol=0)
+
+
+def test_update_weights_copies_in_place(tiny_dir, prompts) -> None:
+    eng = HFEngine(str(tiny_dir), dtype="fp32")
+    before = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    sd = {k: v + 0.5 * torch.randn_like(v) for k, v in eng.model.state_dict().items()}
+    eng.update_weights(sd)
+    assert torch.equal(eng.model.state_dict()["model.norm.weight"], sd["model.norm.weight"])
+    after = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    assert [g[0].token_ids for g in before] != [g[0].token_ids for g in after]

@@ -1,0 +1,129 @@
+"""The server engine against a real ``vllm`` OpenAI-compatible server on the tiny model (loopback only).
+
+The fixture starts ``python -m vllm.entrypoints.openai.api_server`` on a free 127.0.0.1 port, waits
+(bounded) until ``/v1/models`` answers, and always kills the server's process group at teardown.
+Starting it takes about a minute on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from reasonrl.engines.base import SamplingParams, make_engine  # noqa: E402
+from reasonrl.engines.hf import HFEngine  # noqa: E402
+from reasonrl.engines.server import ServerEngine  # noqa: E402
+from reasonrl.errors import ReasonRLError  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+STARTUP_TIMEOUT_S = 420
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
+           "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                pytest.fail(f"vllm server not ready after {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1.0)
+        print(f"vllm server ready in {time.monotonic() - t0:.0f}s")
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server: str, tiny_dir: Path) -> ServerEngine:
+    return ServerEngine(server + "/v1", str(tiny_dir))
+
+
+def test_rollout_shapes_seeds_and_finish_reasons(client: ServerEngine, prompts) -> None:
+    p = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=4)
+    out = client.generate(prompts, p)
+    assert len(out) == len(prompts) and all(len(g) == 3 for g in out)
+    for g in out:
+        for c in g:
+            assert len(c.token_ids) == len(c.logprobs) and 1 <= len(c.token_ids) <= 12
+            assert all(math.isfinite(x) and x <= 0 for x in c.logprobs)
+            if c.finish_reason == "length":
+                assert len(c.token_ids) == 12
+            else:
+                assert c.finish_reason == "stop" and c.token_ids[-1] == 2
+    assert len({tuple(c.token_ids) for c in out[0]}) == 3
+    again = client.generate(prompts, p)
+    assert [c.token_ids for g in out for c in g] == [c.token_ids for g in again for c in g]
+    assert client.last_stats.completions == 9 and client.last_stats.tokens == sum(len(c.token_ids) for g in out for c in g)
+    greedy_first = client.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))[0][0].token_ids[0]
+    stop = client.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, stop_token_ids=(greedy_first,)))[0][0]
+    assert stop.finish_reason == "stop" and stop.token_ids == [greedy_first]
+
+
+def test_greedy_matches_transformers(client: ServerEngine, tiny_dir: Path, prompts) -> None:
+    p = SamplingParams(temperature=0, max_tokens=16)
+    s = client.generate(prompts, p)
+    h = HFEngine(str(tiny_dir), dtype="fp32").generate(prompts, p)
+    assert [g[0].token_ids for g in s] == [g[0].token_ids for g in h]
+    for gs, gh in zip(s, h):
+        torch.testing.assert_close(torch.tensor(gs[0].logprobs), torch.tensor(gh[0].logprobs), atol=1e-4, rtol=0)
+
+
+def test_processed_logprobs_with_temperature(client: ServerEngine, tiny_dir: Path, prompts, hf_logprobs) -> None:
+    model = HFEngine(str(tiny_dir), dtype="fp32").model
+    out = client.generate(prompts, SamplingParams(n=2, temperature=0.7, top_k=50, max_tokens=8, seed=1))
+    for p, g in zip(prompts, out):
+        for c in g:
+            want = hf_logprobs(model, p, c.token_ids, temperature=0.7, top_k=50)
+            torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
+
+
+def test_make_engine_url_and_no_weight_updates(server: str, tiny_dir: Path) -> None:
+    eng = make_engine(server, str(tiny_dir), dtype="fp32", seed=0, batch_size=8)
+    assert isinstance(eng, ServerEngine) and eng.name == "vllm-server"
+    assert eng.model == str(tiny_dir)
+    with pytest.raises(ReasonRLError, match="restart `vllm serve`"):
+        eng.update_weights({})
+    eng.close()

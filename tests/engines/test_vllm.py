@@ -1,0 +1,132 @@
+"""The in-process vLLM engine on the tiny model (real vLLM, fp32): rollout shapes, finish reasons,
+log-probabilities (processed: the distribution sampled from), seeds, and greedy == transformers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from reasonrl.engines.base import SamplingParams, make_engine  # noqa: E402
+from reasonrl.engines.hf import HFEngine  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    from reasonrl.engines.vllm_engine import VLLMEngine
+
+    eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_dir) -> HFEngine:
+    return HFEngine(str(tiny_dir), dtype="fp32")
+
+
+def _check(out, prompts, n: int, max_tokens: int, eos_ids) -> None:
+    assert len(out) == len(prompts)
+    for g in out:
+        assert len(g) == n
+        for c in g:
+            assert 1 <= len(c.token_ids) <= max_tokens
+            assert len(c.logprobs) == len(c.token_ids)
+            assert all(math.isfinite(x) and x <= 0 for x in c.logprobs)
+            assert all(isinstance(t, int) and 0 <= t < 512 for t in c.token_ids)
+            if c.finish_reason == "length":
+                assert len(c.token_ids) == max_tokens
+            else:
+                assert c.finish_reason == "stop" and c.token_ids[-1] in eos_ids
+
+
+def test_rollout_shapes_n_and_stats(engine, prompts) -> None:
+    out = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=16, seed=0))
+    _check(out, prompts, 4, 16, engine.eos_ids)
+    assert len({tuple(c.token_ids) for c in out[0]}) == 4  # distinct samples
+    # different prompts do not share random streams (per-prompt derived seeds)
+    assert out[0][0].token_ids[:4] != out[1][0].token_ids[:4]
+    st = engine.last_stats
+    assert (st.prompts, st.completions) == (3, 12)
+    assert st.tokens == sum(len(c.token_ids) for g in out for c in g) and st.seconds > 0
+    assert engine.generate([], SamplingParams()) == []
+
+
+def test_finish_reason_length_and_forced_stop(engine, prompts) -> None:
+    greedy = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=5))
+    assert [g[0].finish_reason for g in greedy] == ["length"] * 3
+    assert all(len(g[0].token_ids) == 5 for g in greedy)
+    first = greedy[1][0].token_ids[0]
+    stop = engine.generate(prompts[1:2], SamplingParams(temperature=0, max_tokens=5, stop_token_ids=(first,)))[0][0]
+    assert stop.finish_reason == "stop" and stop.token_ids == [first]  # the stop token is kept, like HF
+    assert engine.eos_ids == {2}  # <|im_end|>; a natural EOS stop is tested in test_vllm_weights.py
+
+
+def test_seed_reproducible_and_seeds_differ(engine, prompts) -> None:
+    p = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=11)
+    a = engine.generate(prompts, p)
+    b = engine.generate(prompts, p)
+    c = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=12))
+    ids = lambda o: [x.token_ids for g in o for x in g]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+
+
+def test_greedy_matches_transformers_fp32(engine, hf, prompts) -> None:
+    p = SamplingParams(temperature=0, max_tokens=24)
+    v = engine.generate(prompts, p)
+    h = hf.generate(prompts, p)
+    assert [g[0].token_ids for g in v] == [g[0].token_ids for g in h]
+    assert [g[0].finish_reason for g in v] == [g[0].finish_reason for g in h]
+    for gv, gh in zip(v, h):
+        torch.testing.assert_close(torch.tensor(gv[0].logprobs), torch.tensor(gh[0].logprobs), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kw", [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 20}, {"temperature": 1.0, "top_p": 0.3}])
+def test_sampling_logprobs_are_processed(engine, hf, prompts, hf_logprobs, kw) -> None:
+    """Logprobs are of the distribution sampled from (temperature, top-k/top-p renormalised), as
+    the transformers engine's: recomputed by a full forward of the HF model."""
+    out = engine.generate(prompts, SamplingParams(n=2, max_tokens=12, seed=5, **kw))
+    for p, g in zip(prompts, out):
+        for c in g:
+            want = hf_logprobs(hf.model, p, c.token_ids, **kw)
+            assert torch.isfinite(want).all()  # sampled tokens all survive the same filters
+            torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
+
+
+def test_top_k_one_is_greedy_with_logprob_zero(engine, prompts) -> None:
+    greedy = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
+    k1 = engine.generate(prompts, SamplingParams(temperature=1.0, top_k=1, max_tokens=6, seed=0))
+    assert [g[0].token_ids for g in greedy] == [g[0].token_ids for g in k1]
+    assert all(abs(x) < 1e-6 for g in k1 for x in g[0].logprobs)
+
+
+def test_long_prompts_and_many_rows(engine, tiny_tok) -> None:
+    """More rows than one decode step and prompts longer than a KV block (128 on CPU)."""
+    text = " ".join(f"What is {i} + {i + 1}?" for i in range(100))
+    long = tiny_tok(text, add_special_tokens=False)["input_ids"][:300]
+    assert len(long) == 300
+    prompts = [long, long[:150], [5, 6]] * 3
+    out = engine.generate(prompts, SamplingParams(n=5, temperature=1.0, max_tokens=10, seed=1))
+    _check(out, prompts, 5, 10, engine.eos_ids)
+    greedy = engine.generate([long, long], SamplingParams(temperature=0, max_tokens=6))
+    assert greedy[0][0].token_ids == greedy[1][0].token_ids  # second one reuses the cached prefix
+
+
+def test_make_engine_builds_vllm_and_ignores_unknown_kwargs(tiny_dir, prompts, engine) -> None:
+    """A second engine in the same process after the first closes; max_model_len is capped to the
+    model's 1024 positions; batch_size (an HF option) is accepted and ignored."""
+    engine.close()  # (the module fixture's engine; close is idempotent)
+    eng = make_engine("vllm", str(tiny_dir), dtype="fp32", seed=0, max_model_len=4096, batch_size=8, unknown=1)
+    try:
+        assert eng.name == "vllm" and eng.max_model_len == 1024
+        out = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=4))
+        assert [len(g[0].token_ids) for g in out] == [4, 4, 4]
+    finally:
+        eng.close()
+    eng.close()

@@ -1,0 +1,123 @@
+"""In-memory weight sync into the vLLM engine: train a transformers copy of the tiny model, push its
+state dict, and check the engine now generates what the trained model generates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from reasonrl.engines.base import SamplingParams  # noqa: E402
+from reasonrl.engines.hf import HFEngine  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = "What is 2 + 2? Answer:"
+TARGET = " 4. The answer is 4.<|im_end|>"
+
+
+def _train(model, ids: list[int], n_prompt: int, steps: int = 80) -> None:
+    """A few Adam steps on one sequence (loss on the answer only): the model memorises it."""
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.tensor([ids])
+    labels = x.clone()
+    labels[0, :n_prompt] = -100
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=x, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    from reasonrl.engines.vllm_engine import VLLMEngine
+
+    eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=1024)
+    yield eng
+    eng.close()
+
+
+def test_weight_sync_after_training(engine, tiny_dir, tiny_tok, hf_logprobs) -> None:
+    from reasonrl.models import load_causal_lm
+
+    prompt = tiny_tok(PROMPT, add_special_tokens=False)["input_ids"]
+    target = tiny_tok(TARGET, add_special_tokens=False)["input_ids"]
+    assert target[-1] == 2  # ends with <|im_end|>
+    # A prompt longer than one KV block (128 tokens on CPU), so the prefix cache holds it: after the
+    # update it must be recomputed with the new weights, not reused.
+    long = tiny_tok(" ".join(f"What is {i} + {i}?" for i in range(60)), add_special_tokens=False)["input_ids"][:200] + prompt
+    prompts = [prompt, long]
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    before = engine.generate(prompts, greedy)
+    before_again = engine.generate(prompts, greedy)  # (the long prompt now sits in the prefix cache)
+    assert [g[0].token_ids for g in before] == [g[0].token_ids for g in before_again]
+
+    model = load_causal_lm(tiny_dir, dtype=torch.float32)
+    _train(model, prompt + target, len(prompt))
+    engine.update_weights(model.state_dict())
+    after = engine.generate(prompts, greedy)
+
+    # (a) the update took effect: the trained answer, ended by EOS (a natural "stop")
+    assert after[0][0].token_ids != before[0][0].token_ids
+    assert after[1][0].token_ids != before[1][0].token_ids
+    assert after[0][0].token_ids == target and after[0][0].finish_reason == "stop"
+    # (b) the engine's logprobs are the trained model's (full forward recompute)
+    for p, g in zip(prompts, after):
+        want = hf_logprobs(model, p, g[0].token_ids, temperature=0)
+        torch.testing.assert_close(torch.tensor(g[0].logprobs), want, atol=1e-4, rtol=0)
+    # (c) greedy tokens equal the transformers engine's on the trained model
+    hf = HFEngine(str(tiny_dir), dtype="fp32", model=model).generate(prompts, greedy)
+    assert [g[0].token_ids for g in after] == [g[0].token_ids for g in hf]
+    assert [g[0].finish_reason for g in after] == [g[0].finish_reason for g in hf]
+    # sampling logprobs follow too (temperature-processed)
+    sampled = engine.generate(prompts, SamplingParams(n=2, temperature=0.8, max_tokens=12, seed=0))
+    for p, g in zip(prompts, sampled):
+        for c in g:
+            want = hf_logprobs(model, p, c.token_ids, temperature=0.8)
+            torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
+
+
+def test_update_without_lm_head_and_back_to_the_original(engine, tiny_dir, prompts) -> None:
+    """Tied embeddings: ``lm_head.weight`` may be absent. Reloading the original weights restores
+    the original outputs exactly; noise on every weight changes them."""
+    from reasonrl.models import load_causal_lm
+
+    original = load_causal_lm(tiny_dir, dtype=torch.float32).state_dict()
+    engine.update_weights(original)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    base = engine.generate(prompts, greedy)
+    g = torch.Generator().manual_seed(0)
+    noisy = {k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in original.items() if k != "lm_head.weight"}
+    engine.update_weights(noisy)
+    changed = engine.generate(prompts, greedy)
+    assert [x[0].token_ids for x in changed] != [x[0].token_ids for x in base]
+    engine.update_weights(original)
+    restored = engine.generate(prompts, greedy)
+    assert [x[0].token_ids for x in restored] == [x[0].token_ids for x in base]
+    assert [x[0].logprobs for x in restored] == [x[0].logprobs for x in base]
+
+
+def test_bf16_engine_takes_fp32_weights(tiny_dir, prompts, engine) -> None:
+    """dtype conversion: a bf16 engine (the CPU default, "auto") loads an fp32 state dict."""
+    from reasonrl.engines.vllm_engine import VLLMEngine
+    from reasonrl.models import load_causal_lm
+
+    engine.close()  # one engine at a time in this process
+    eng = VLLMEngine(str(tiny_dir), dtype="auto", seed=0, max_model_len=512)
+    try:
+        greedy = SamplingParams(temperature=0, max_tokens=8)
+        base = eng.generate(prompts, greedy)
+        original = load_causal_lm(tiny_dir, dtype=torch.float32).state_dict()
+        g = torch.Generator().manual_seed(1)
+        eng.update_weights({k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in original.items()})
+        assert [x[0].token_ids for x in eng.generate(prompts, greedy)] != [x[0].token_ids for x in base]
+        eng.update_weights(original)
+        again = eng.generate(prompts, greedy)
+        assert [x[0].token_ids for x in again] == [x[0].token_ids for x in base]
+    finally:
+        eng.close()

@@ -1,0 +1,124 @@
+"""Fixed-rollout update check for the training backends (run by tests/train/test_deepspeed.py).
+
+Every process builds the same synthetic batch of GRPO groups (fixed prompts, responses and
+rewards: no sampling), keeps its share of the groups (``groups[rank::world]``, as ``Loop.collect``
+shares prompts), and runs the real ``Loop`` update: ``prepare`` (old log-probs from the current
+policy) → ``advantages`` → ``update_policy`` → ``scheduler_step``, for ``--steps`` steps. After
+step ``steps - 1`` it saves the model and the backend state, and at the end it resumes from them
+into a fresh model + backend and redoes the last step. Rank 0 writes everything to ``--out``.
+
+    python tests/train/ds_worker.py --model DIR --backend torch --out ref.pt
+    torchrun --nproc_per_node 2 tests/train/ds_worker.py --model DIR --backend deepspeed --zero 3 --out z3.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GROUPS, GROUP_SIZE, MICRO, EPOCHS = 4, 4, 3, 2
+HPARAMS = dict(lr=2e-3, weight_decay=0.1, grad_clip=0.5, warmup_steps=2)
+
+
+def fixed_groups(vocab: int, seed: int = 0) -> list[list[Any]]:
+    from reasonrl.rollout import Sample
+
+    rng = random.Random(seed)
+    groups = []
+    for g in range(GROUPS):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 9))]
+        group = []
+        for j in range(GROUP_SIZE):
+            resp = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))]
+            correct = (j + g) % 3 == 0
+            group.append(Sample(group=g, prompt_index=g, prompt="", prompt_ids=prompt, response="", response_ids=resp, logprobs=[0.0] * len(resp),
+                                finish_reason="stop", truncated=False, ground_truth="0", reward=1.0 if correct else -1.0, correct=correct,
+                                shaped_reward=1.0 if correct else -1.0))
+        groups.append(group)
+    return groups
+
+
+def make_backend(kind: str, model: torch.nn.Module, zero: int, offload: bool) -> Any:
+    if kind == "torch":
+        from reasonrl.train.backend import TorchBackend
+
+        return TorchBackend(model, dtype="fp32", **HPARAMS)
+    from reasonrl.train.ds_backend import DeepSpeedBackend
+
+    return DeepSpeedBackend(model, dtype="fp32", zero=zero, offload=offload, micro_batch_size=MICRO, **HPARAMS)
+
+
+def make_loop(model: torch.nn.Module, backend: Any, tok: Any, rank: int, world: int, n_local: int) -> Any:
+    from reasonrl.algos import get_algo
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.train.trainer import Loop
+
+    return Loop(spec=get_algo("grpo"), engine=None, tokenizer=tok, scorer=None, stream=None, policy=model, policy_backend=backend, critic_backend=None,
+                ref_model=None, sampling=SamplingParams(n=GROUP_SIZE, max_tokens=16), max_prompt_len=16, overlong_cache_len=4, micro_batch_size=MICRO,
+                mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, rank=rank, world_size=world)
+
+
+def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:
+    st = loop.prepare(groups)
+    loop.advantages(st, group_size=GROUP_SIZE)
+    m = loop.update_policy(st)
+    loop.policy_backend.scheduler_step()
+    return {k: float(v) for k, v in m.items()}
+
+
+def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path) -> dict[str, Any] | None:
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+
+    rank, world = 0, 1
+    if kind == "deepspeed":
+        from reasonrl.train.ds_backend import init_distributed
+
+        rank, world = init_distributed()
+    torch.manual_seed(0)
+    tok = load_tokenizer(model_dir)
+    groups = fixed_groups(len(tok))[rank::world]
+    n_local = len(groups) * GROUP_SIZE
+    model = load_causal_lm(model_dir)
+    backend = make_backend(kind, model, zero, offload)
+    loop = make_loop(backend.model, backend, tok, rank, world, n_local)
+    metrics = []
+    ckpt = work / "ckpt"
+    for step in range(1, steps + 1):
+        metrics.append(train_step(loop, groups))
+        if step == steps - 1:
+            backend.save_model(ckpt / "policy", tok)
+            backend.save_state(ckpt / "state")
+    weights = backend.full_state_dict()
+    # Resume: a fresh model from the saved HF directory + the saved optimizer/scheduler state.
+    model2 = load_causal_lm(ckpt / "policy")
+    backend2 = make_backend(kind, model2, zero, offload)
+    backend2.load_state(ckpt / "state")
+    loop2 = make_loop(backend2.model, backend2, tok, rank, world, n_local)
+    resumed = train_step(loop2, groups)
+    resumed_weights = backend2.full_state_dict()
+    if rank != 0:
+        return None
+    return {"world": world, "metrics": metrics, "weights": weights, "resumed_metrics": resumed, "resumed_weights": resumed_weights}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--backend", choices=("torch", "deepspeed"), required=True)
+    ap.add_argument("--zero", type=int, default=2)
+    ap.add_argument("--offload", action="store_true")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    res = run(Path(a.model), a.backend, a.zero, a.offload, a.steps, Path(a.work))
+    if res is not None:
+        torch.save(res, a.out)
+
+
+if __name__ == "__main__":
+    main()
