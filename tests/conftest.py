@@ -20,13 +20,14 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def toy_rows(n: int, seed: int = 0) -> list[dict]:
-    """'What is a + b?' with a + b <= 4: a task the tiny model can learn in a few RL steps."""
+def toy_rows(n: int, seed: int = 0, total: int | None = None) -> list[dict]:
+    """'What is a + b?' with small a, b (a + b == total when given): tasks for the tiny model."""
     rng = random.Random(seed)
     phrasings = ["What is {a} + {b}?", "Compute {a} + {b}.", "Add {a} and {b}."]
     rows = []
     for _ in range(n):
-        a, b = rng.randint(0, 2), rng.randint(0, 2)
+        a = rng.randint(0, 2 if total is None else total)
+        b = rng.randint(0, 2) if total is None else total - a
         rows.append({"problem": rng.choice(phrasings).format(a=a, b=b), "answer": str(a + b)})
     return rows
 

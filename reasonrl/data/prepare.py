@@ -61,6 +61,8 @@ class PrepareConfig:
     data_source: str | None = opt(None, help="data_source column of every row; default: the input's own data_source, else the input file's name.")
     overwrite: bool = opt(False, help="Replace a finished output directory.")
     sample_per_rule: int = opt(3, help="Rewrites (before/after) shown in the report for each rule and refusals for each reason.")
+    rewriter: str | None = opt(None, help="A model ('default' or an HF directory) that rephrases each rewrite's sentence through the generation engine; the integer is always computed by the rules, and a phrasing that drops any number or formula of the original sentence is rejected.")
+    rewriter_engine: str = opt("hf", help="Generation engine for --rewriter: hf, vllm or auto.")
 
     def __post_init__(self) -> None:
         check(isinstance(self.inputs, list) and len(self.inputs) > 0, "inputs is empty: pass one or more data files or directories")
@@ -202,6 +204,17 @@ def _verl_row(row: _Row, split: str, index: int, template: str) -> dict[str, Any
 
 
 def run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dict[str, Any]:
+    if rewriter is None and cfg.rewriter:
+        from reasonrl.data.rewriter import ModelRewriter
+
+        with ModelRewriter(cfg.rewriter, engine=cfg.rewriter_engine, seed=cfg.seed) as rw:
+            report = _run_prepare(cfg, rewriter=rw)
+            report["rewriter_stats"] = rw.stats
+            return report
+    return _run_prepare(cfg, rewriter=rewriter)
+
+
+def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dict[str, Any]:
     """Run the stage; returns the report (also written to ``<out>/report.json``).
 
     ``rewriter(problem, rule, sentence) -> sentence`` may rephrase the sentence each rewritten

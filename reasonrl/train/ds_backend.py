@@ -1,4 +1,4 @@
-"""The DeepSpeed ZeRO training backend (stage 2 or 3, optional CPU offload): same methods as TorchBackend.
+"""The DeepSpeed ZeRO training backend (stage 2 or 3; 0 and 1 work too; optional CPU offload): same methods as TorchBackend.
 
 Start it with a launcher, e.g. ``torchrun --nproc_per_node 2 -m reasonrl.cli train --backend deepspeed``
 (or ``deepspeed --no_local_rank --module reasonrl.cli train ...``); one process without a launcher
@@ -104,6 +104,7 @@ def init_distributed() -> tuple[int, int]:
     deepspeed = _import_deepspeed()
     import torch.distributed as dist
 
+    _skip_shm_comm_build(deepspeed)
     if dist.is_available() and dist.is_initialized():
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
         return dist.get_rank(), dist.get_world_size()
@@ -131,7 +132,6 @@ def init_distributed() -> tuple[int, int]:
         backend = "nccl"
     else:
         backend = "gloo"
-    _skip_shm_comm_build(deepspeed)
     try:
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
     except (RuntimeError, ValueError) as e:  # e.g. the rendezvous port is taken, peers never arrive
@@ -142,16 +142,20 @@ def init_distributed() -> tuple[int, int]:
 
 def ds_config(*, zero: int, offload: bool, dtype: str, grad_clip: float, micro_batch_size: int, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config, built in code (no JSON file)."""
-    if zero not in (2, 3):
-        raise ReasonRLError(f"--zero {zero} is not supported by --backend deepspeed: use --zero 2 or --zero 3")
+    if zero not in (0, 1, 2, 3):
+        raise ReasonRLError(f"--zero {zero} is not a ZeRO stage: use --zero 2 or --zero 3")
+    if offload and zero == 0:
+        raise ReasonRLError("--offload needs ZeRO: use --zero 2 or --zero 3 (or drop --offload)")
     zo: dict[str, Any] = {"stage": zero, "overlap_comm": False, "contiguous_gradients": True}
     if offload:
         zo["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         if zero == 3:
             zo["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    if zero == 3:
-        # Small models (the tiny test model) must still be partitioned and re-gathered correctly.
-        zo.update({"stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": False})
+    persist = os.environ.get("REASONRL_DS_Z3_PERSISTENCE_THRESHOLD")
+    if zero == 3 and persist:
+        # ZeRO-3 keeps parameters under this many elements whole on every rank (DeepSpeed default
+        # 1e5); the tests set 0 so that even the tiny model is really partitioned.
+        zo["stage3_param_persistence_threshold"] = int(persist)
     return {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": 1,
@@ -210,13 +214,20 @@ class DeepSpeedBackend:
             self.engine.backward(loss, scale_wrt_gas=False)
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
+        pre_norm = self._local_grad_norm() if self.zero == 0 else None
         self.engine.step()  # non-finite global grad norm: ZeRO skips the update (as TorchBackend does)
         gn = self.engine.get_global_grad_norm()
+        if gn is None:  # stage 0 with fp32 does not record it; its gradients are already all-reduced
+            gn = pre_norm
         if self.world_size > 1 and metrics:
             metrics = self._sum_metrics(metrics)
         metrics["grad_norm"] = float(gn) if gn is not None else float("nan")
         metrics["lr"] = lr
         return metrics
+
+    def _local_grad_norm(self) -> float | None:
+        grads = [p.grad.detach().float() for p in self.model.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else None
 
     def _sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         import torch.distributed as dist
@@ -263,14 +274,10 @@ class DeepSpeedBackend:
             own = [p for p in module.parameters(recurse=False) if id(p) not in full]
             if not own:
                 continue
-            if use_master:
-                for p in own:
-                    hp = safe_get_full_fp32_param(p)
-                    full[id(p)] = (hp if hp is not None else p.detach()).detach().to("cpu", copy=True).float()
-                continue
             with self._gathered(own):
                 for p in own:
-                    full[id(p)] = p.detach().to("cpu", copy=True)
+                    hp = safe_get_full_fp32_param(p) if use_master else None  # None: frozen, or no fp32 copy
+                    full[id(p)] = (hp.float() if hp is not None else p.detach()).to("cpu", copy=True)
         out: dict[str, torch.Tensor] = {}
         for k, v in self.model.state_dict(keep_vars=True).items():
             out[k] = full[id(v)] if id(v) in full else v.detach().to("cpu", copy=True)

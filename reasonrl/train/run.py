@@ -161,15 +161,22 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
     history: list[dict[str, Any]] = []
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=console, disable=rank != 0, transient=True)
+    task = progress.add_task(f"--algo {cfg.algo}", total=cfg.steps, completed=start)
     try:
+        progress.start()
         for step in range(start + 1, cfg.steps + 1):
             m = train_step(loop, cfg, step)
             samples = m.pop("_samples", [])
             history.append(m)
+            progress.advance(task)
             if rank == 0:
                 append_jsonl(out / "metrics.jsonl", m)
                 if step % cfg.log_every == 0 or step == cfg.steps:
-                    console.print(log_line(step, cfg.steps, m))
+                    progress.console.print(log_line(step, cfg.steps, m))
                 if cfg.keep_rollouts:
                     from reasonrl.rollout import write_rollouts
 
@@ -177,6 +184,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 save_checkpoint(out, step, loop, tok, rank)
     finally:
+        progress.stop()
         scorer.close()
         engine.close()
     if rank == 0:

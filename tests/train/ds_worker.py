@@ -7,8 +7,8 @@ policy) → ``advantages`` → ``update_policy`` → ``scheduler_step``, for ``-
 step ``steps - 1`` it saves the model and the backend state, and at the end it resumes from them
 into a fresh model + backend and redoes the last step. Rank 0 writes everything to ``--out``.
 
-    python tests/train/ds_worker.py --model DIR --backend torch --out ref.pt
-    torchrun --nproc_per_node 2 tests/train/ds_worker.py --model DIR --backend deepspeed --zero 3 --out z3.pt
+    python tests/train/ds_worker.py --model DIR --backend torch --work W --out ref.pt
+    torchrun --nproc_per_node 2 tests/train/ds_worker.py --model DIR --backend deepspeed --zero 2,3,3o --work W --out ds.pt
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
     from reasonrl.models.loading import load_causal_lm, load_tokenizer
 
     rank, world = 0, 1
-    if kind == "deepspeed":
+    if kind == "deepspeed":  # joins the launcher's process group (once), or makes a world of one
         from reasonrl.train.ds_backend import init_distributed
 
         rank, world = init_distributed()
@@ -84,6 +84,7 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
     n_local = len(groups) * GROUP_SIZE
     model = load_causal_lm(model_dir)
     backend = make_backend(kind, model, zero, offload)
+    partitioned = all(p.numel() == 0 for p in backend.model.parameters())  # ZeRO-3: each rank holds only its shard
     loop = make_loop(backend.model, backend, tok, rank, world, n_local)
     metrics = []
     ckpt = work / "ckpt"
@@ -102,22 +103,23 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
     resumed_weights = backend2.full_state_dict()
     if rank != 0:
         return None
-    return {"world": world, "metrics": metrics, "weights": weights, "resumed_metrics": resumed, "resumed_weights": resumed_weights}
+    return {"world": world, "partitioned": partitioned, "metrics": metrics, "weights": weights, "resumed_metrics": resumed, "resumed_weights": resumed_weights}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--backend", choices=("torch", "deepspeed"), required=True)
-    ap.add_argument("--zero", type=int, default=2)
-    ap.add_argument("--offload", action="store_true")
+    ap.add_argument("--zero", default="2", help="ZeRO configs, comma-separated, run in turn in one process group: 2, 3, 2o / 3o (CPU offload)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    res = run(Path(a.model), a.backend, a.zero, a.offload, a.steps, Path(a.work))
-    if res is not None:
-        torch.save(res, a.out)
+    results = {}
+    for name in a.zero.split(","):
+        results[name] = run(Path(a.model), a.backend, int(name[0]), name.endswith("o"), a.steps, Path(a.work) / f"zero{name}")
+    if results[name] is not None:
+        torch.save(results, a.out)
 
 
 if __name__ == "__main__":
