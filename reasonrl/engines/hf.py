@@ -50,14 +50,15 @@ class HFEngine:
         from reasonrl.models.loading import load_causal_lm, load_tokenizer
 
         self.dtype = _dtype(dtype)
-        self.model = model if model is not None else load_causal_lm(model_dir, dtype=self.dtype)
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+        self.model = model if model is not None else load_causal_lm(model_dir, dtype=self.dtype, device=str(self.device))
         self.model.eval()
         tok = load_tokenizer(model_dir)
         self.eos_ids = {tok.eos_token_id} | set(_as_list(self.model.generation_config.eos_token_id))
         self.eos_ids.discard(None)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self.eos_ids))
         self.batch_size = batch_size
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.last_stats = GenerationStats()
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
@@ -102,14 +103,16 @@ class HFEngine:
         for b, x in enumerate(prompts):
             ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
             attn[b, L - len(x) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        eos = torch.tensor(sorted(self.eos_ids | set(p.stop_token_ids)), dtype=torch.long)
-        out_tok = torch.full((B, p.max_tokens), self.pad_id, dtype=torch.long)
-        out_lp = torch.zeros((B, p.max_tokens), dtype=torch.float32)
-        done = torch.zeros(B, dtype=torch.bool)
-        lengths = torch.full((B,), p.max_tokens, dtype=torch.long)
-        stopped = torch.zeros(B, dtype=torch.bool)
+        dev = self.device
+        eos = torch.tensor(sorted(self.eos_ids | set(p.stop_token_ids)), dtype=torch.long, device=dev)
+        out_tok = torch.full((B, p.max_tokens), self.pad_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros((B, p.max_tokens), dtype=torch.float32, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        lengths = torch.full((B,), p.max_tokens, dtype=torch.long, device=dev)
+        stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cur_ids, cur_pos = ids, pos
         for t in range(p.max_tokens):
             logits = self.model(input_ids=cur_ids, attention_mask=attn, position_ids=cur_pos, past_key_values=cache, use_cache=True).logits[:, -1, :].float()
@@ -130,9 +133,10 @@ class HFEngine:
             done |= is_eos
             if bool(done.all()):
                 break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], dim=1)
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long, device=dev)], dim=1)
             cur_ids = nxt[:, None]
             cur_pos = cur_pos[:, -1:] + 1
+        out_tok, out_lp, lengths, stopped = out_tok.cpu(), out_lp.cpu(), lengths.cpu(), stopped.cpu()
         res = []
         for b in range(B):
             n = int(lengths[b])

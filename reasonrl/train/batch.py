@@ -29,6 +29,12 @@ class Batch:
     def T(self) -> int:
         return self.response_ids.shape[1]
 
+    def to(self, device: torch.device | str) -> "Batch":
+        if torch.device(device) == self.input_ids.device:
+            return self
+        t = {k: getattr(self, k).to(device) for k in ("input_ids", "attention_mask", "position_ids", "response_ids", "mask", "valid")}
+        return Batch(**t, prompt_len=self.prompt_len, rows=self.rows)
+
     def select(self, idx: Sequence[int]) -> "Batch":
         """A sub-batch, trimmed to its own longest prompt and response."""
         ix = torch.as_tensor(list(idx), dtype=torch.long)

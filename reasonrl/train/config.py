@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from reasonrl.config import check, opt
@@ -17,11 +18,11 @@ class TrainConfig(ModelOpts, SamplingOpts):
     algo: str = opt("dapo", "Algorithm row: ppo, vcppo, grpo or dapo (see the --algo table in the README).")
     critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo); ppo starts a fresh one from the policy when omitted.")
     steps: int = opt(20, "Training steps (each: rollout, rewards, filtering, advantages, updates).")
-    prompts_per_step: int = opt(16, "Prompts per training step (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
+    prompts_per_step: int = opt(16, "Prompts per training step over all processes (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
     oversample: float = opt(1.0, "Dynamic sampling: each generation round samples ceil(oversample × still-needed) prompts.")
     max_gen_rounds: int = opt(10, "Dynamic sampling: cap on generation rounds per step; then train on what was kept (reported).")
-    mini_batch_size: int = opt(64, "Responses per optimizer update: a step makes ceil(batch / mini_batch_size) × ppo_epochs updates.")
-    micro_batch_size: int = opt(16, "Responses per forward/backward pass (gradient accumulation inside a mini-batch).")
+    mini_batch_size: int = opt(64, "Responses per optimizer update over all processes: a step makes ceil(batch / mini_batch_size) × ppo_epochs updates.")
+    micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process (gradient accumulation inside a mini-batch).")
     ppo_epochs: int = opt(1, "Passes over the step's batch.")
     lr: float = opt(1e-6, "Policy learning rate (AdamW; DAPO: 1e-6).")
     critic_lr: float = opt(1e-5, "Critic learning rate.")
@@ -71,4 +72,7 @@ class TrainConfig(ModelOpts, SamplingOpts):
             from reasonrl.algos import AGG_MODES
 
             check(self.loss_agg in AGG_MODES, f"loss_agg must be one of {', '.join(AGG_MODES)}")
+        world = int(os.environ.get("WORLD_SIZE", "1")) if self.backend == "deepspeed" else 1
+        check(self.mini_batch_size % world == 0, f"mini_batch_size ({self.mini_batch_size}) must be divisible by the number of processes ({world})")
+        check(self.micro_batch_size <= self.mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({self.mini_batch_size // world})")
         check(self.save_every >= 0 and self.log_every >= 1, "save_every must be >= 0 and log_every >= 1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import shutil
 import time
@@ -123,14 +124,16 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype)
     tok = load_tokenizer(policy_dir)
-    policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir)
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir, device=device)
     policy.config.use_cache = False
-    ref = load_causal_lm(policy_dir).eval() if spec.kl_coef > 0 else None
+    ref = load_causal_lm(policy_dir, device=device).eval() if spec.kl_coef > 0 else None
     critic_backend = None
     if spec.use_critic:
         from reasonrl.models.value import load_value_model, new_value_model
 
         critic = load_value_model(ckpt / "critic") if ckpt else (load_value_model(cdir) if cdir else new_value_model(policy_dir, seed=cfg.seed))
+        critic = critic.to(device)
         critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
     policy_backend = make_backend(cfg, policy, cfg.lr, dtype)
     stream = DataStream(rows, cfg.seed)
@@ -154,7 +157,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     scorer = RewardScorer()
     loop = Loop(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, policy=policy, policy_backend=policy_backend,
                 critic_backend=critic_backend, ref_model=ref, sampling=sampling, max_prompt_len=cfg.max_prompt_len,
-                overlong_cache_len=cfg.overlong_cache_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=cfg.mini_batch_size,
+                overlong_cache_len=cfg.overlong_cache_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
                 ppo_epochs=cfg.ppo_epochs, dtype=dtype, seed=cfg.seed + start, oversample=cfg.oversample,
                 max_gen_rounds=cfg.max_gen_rounds, rank=rank, world_size=world, console=console)
     if rank == 0:
@@ -203,7 +206,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
 
 def train_step(loop: Loop, cfg: TrainConfig, step: int) -> dict[str, Any]:
     t_step = time.perf_counter()
-    col = loop.collect(cfg.prompts_per_step)
+    col = loop.collect(math.ceil(cfg.prompts_per_step / loop.world))  # prompts_per_step is global; each rank generates its share
     m: dict[str, Any] = {"step": step}
     if loop.world > 1:
         # Every rank must make the same number of updates: keep the smallest kept count.

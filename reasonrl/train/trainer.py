@@ -118,6 +118,11 @@ class Loop:
         self.console = console
         self._group_counter = 0
 
+    @property
+    def device(self) -> torch.device:
+        """Where the models live (CPU, or the rank's GPU): micro-batches are moved there."""
+        return next(self.policy.parameters()).device
+
     # ---------------------------------------------------------------- rollouts + dynamic sampling
     def collect(self, n_prompts: int, *, dynamic: bool | None = None) -> Collected:
         dynamic = self.spec.dynamic_sampling if dynamic is None else dynamic
@@ -172,18 +177,18 @@ class Loop:
         values = torch.zeros(B, T) if self.critic_backend is not None else None
         self.policy.eval()
         for idx in self._micro_slices(B):
-            mb = batch.select(idx)
+            mb = batch.select(idx).to(self.device)
             t = mb.T
             with autocast_ctx(self.dtype):
                 logits = response_logits(self.policy, mb)
-                old_logp[idx, :t] = A.logprobs_from_logits(logits, mb.response_ids) * mb.valid
-                entropy[idx, :t] = A.entropy_from_logits(logits) * mb.valid
+                old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids) * mb.valid).cpu()
+                entropy[idx, :t] = (A.entropy_from_logits(logits) * mb.valid).cpu()
                 del logits
                 if ref_logp is not None:
-                    ref_logp[idx, :t] = A.logprobs_from_logits(response_logits(self.ref_model, mb), mb.response_ids) * mb.valid
+                    ref_logp[idx, :t] = (A.logprobs_from_logits(response_logits(self.ref_model, mb), mb.response_ids) * mb.valid).cpu()
                 if values is not None:
                     self.critic_backend.model.eval()
-                    values[idx, :t] = response_values(self.critic_backend.model, mb) * mb.valid
+                    values[idx, :t] = (response_values(self.critic_backend.model, mb) * mb.valid).cpu()
         self.policy.train()
         if self.critic_backend is not None:
             self.critic_backend.model.train()
@@ -226,11 +231,13 @@ class Loop:
         per_row = m.sum(1)
         unit = per_row if agg == "token-mean" else (per_row > 0).float()
         total = float(self._all_sum(unit.sum()))
+        if total <= 0:
+            return []  # nothing counted on any rank: every rank skips this mini-batch together
         micros = [mini[i : i + self.micro] for i in range(0, len(mini), self.micro)]
         res = []
         for j, mic in enumerate(micros):
             w = float(unit[j * self.micro : j * self.micro + len(mic)].sum())
-            res.append((mic, (w / total) * self.world if total > 0 else 0.0))
+            res.append((mic, (w / total) * self.world))
         return res
 
     def _all_sum(self, x: torch.Tensor) -> torch.Tensor:
@@ -247,23 +254,23 @@ class Loop:
 
             def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
                 idx, w = item
-                mb = st.batch.select(idx)
-                t = mb.T
+                mb = st.batch.select(idx).to(self.device)
+                t, dev = mb.T, self.device
                 logits = response_logits(model, mb)
                 logp = A.logprobs_from_logits(logits, mb.response_ids)
                 del logits
-                adv = st.advantages[idx, :t]
-                loss, m = A.policy_loss(logp, st.old_logp[idx, :t], adv, mb.mask, eps_low=s.eps_low, eps_high=s.eps_high,
+                adv = st.advantages[idx, :t].to(dev)
+                loss, m = A.policy_loss(logp, st.old_logp[idx, :t].to(dev), adv, mb.mask, eps_low=s.eps_low, eps_high=s.eps_high,
                                         dual_clip=s.dual_clip, agg=agg, max_len=max_len)
                 if s.kl_coef > 0 and not s.kl_in_reward and st.ref_logp is not None:
-                    kl = A.kl_penalty(logp, st.ref_logp[idx, :t], s.kl_kind)
+                    kl = A.kl_penalty(logp, st.ref_logp[idx, :t].to(dev), s.kl_kind)
                     kl_loss = A.aggregate(kl, mb.mask, agg, max_len=max_len)
                     loss = loss + s.kl_coef * kl_loss
                     m["kl_ref"] = float(kl_loss.detach())
                 m["pg_loss"] = float(loss.detach())
                 return loss * w, {k: v * w / self.world for k, v in m.items() if isinstance(v, (int, float))}
 
-            if not any(w > 0 for _, w in micros):
+            if not micros:
                 continue
             out = self.policy_backend.step(micros, loss_fn)
             for k, v in out.items():
@@ -279,14 +286,14 @@ class Loop:
 
             def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
                 idx, w = item
-                mb = st.batch.select(idx)
-                t = mb.T
+                mb = st.batch.select(idx).to(self.device)
+                t, dev = mb.T, self.device
                 v = response_values(model, mb)
-                loss, m = A.value_loss(v, st.values[idx, :t], st.returns[idx, :t], mb.valid, clip=s.value_clip, agg="token-mean")
+                loss, m = A.value_loss(v, st.values[idx, :t].to(dev), st.returns[idx, :t].to(dev), mb.valid, clip=s.value_clip, agg="token-mean")
                 m["vf_loss"] = float(loss.detach())
                 return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float))}
 
-            if not any(w > 0 for _, w in micros):
+            if not micros:
                 continue
             out = self.critic_backend.step(micros, loss_fn)
             for k, v in out.items():
@@ -358,9 +365,9 @@ def clip_bucket_metrics(loop: Loop, st: StepTensors) -> dict[str, Any]:
     with torch.no_grad():
         loop.policy.eval()
         for idx in loop._micro_slices(B):
-            mb = st.batch.select(idx)
+            mb = st.batch.select(idx).to(loop.device)
             with autocast_ctx(loop.dtype):
-                logp = A.logprobs_from_logits(response_logits(loop.policy, mb), mb.response_ids)
+                logp = A.logprobs_from_logits(response_logits(loop.policy, mb), mb.response_ids).cpu()
             ratios[idx, : mb.T] = torch.exp((logp - st.old_logp[idx, : mb.T]).clamp(-20, 20))
         loop.policy.train()
     assert st.advantages is not None
