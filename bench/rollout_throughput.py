@@ -58,8 +58,7 @@ def _gemm_gflops(m: int, k: int, n: int, dtype: Any, seconds: float = 1.0) -> fl
 
     a = torch.randn(m, k).to(dtype)
     b = torch.randn(k, n).to(dtype)
-    for _ in range(3):
-        a @ b
+    a @ b  # warm-up
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         a @ b
@@ -88,10 +87,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype of both engines")
     ap.add_argument("--engines", default="vllm,hf", help="comma list of: vllm, hf")
     ap.add_argument("--repeats", type=int, default=2, help="alternating rounds; the best round per engine is reported")
-    ap.add_argument("--hf-batch-size", type=int, default=64, help="rows per transformers batch (the CLI's --gen-batch-size default is 64)")
+    ap.add_argument("--hf-batch-size", default="64", help="rows per transformers batch, or a comma list to time several (the CLI's --gen-batch-size default is 64)")
     ap.add_argument("--vllm-dtypes", default="", help="extra vLLM dtypes to time in the same rounds, e.g. fp32")
-    ap.add_argument("--vllm-max-num-seqs", type=int, default=None)
-    ap.add_argument("--vllm-compile", action="store_true", help="vLLM with torch.compile (enforce_eager=False); slow start on CPU")
+    ap.add_argument("--vllm-variant", action="append", default=[], metavar="NAME:KEY=VAL[,KEY=VAL]",
+                    help="an extra vLLM configuration timed in the same rounds, e.g. 'seqs64:max_num_seqs=64' or "
+                         "'chunked:enable_chunked_prefill=1' or 'compiled:enforce_eager=0' (repeatable)")
     ap.add_argument("--vllm-per-prompt", action="store_true", help="also time vLLM with one generate() call per prompt (no cross-prompt batching)")
     ap.add_argument("--seed", type=int, default=None, help="SamplingParams.seed (per-prompt seeded sampling)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -123,18 +123,25 @@ def main() -> None:
     runs: dict[str, Any] = {}
     names = [e.strip() for e in args.engines.split(",") if e.strip()]
     if "vllm" in names:
-        from reasonrl.engines.vllm_engine import VLLMEngine
-
+        base = dict(seed=0, max_model_len=min(4096, max(map(len, prompts)) + args.max_tokens + 16))
         for dt in [args.dtype] + [d for d in args.vllm_dtypes.split(",") if d and d != args.dtype]:
-            # one vLLM engine per process at a time: extra dtypes are built and closed per round
-            label = f"vllm-{dt}" + ("-compiled" if args.vllm_compile else "")
-            kw = dict(dtype=dt, seed=0, max_model_len=min(4096, max(map(len, prompts)) + args.max_tokens + 16),
-                      enforce_eager=not args.vllm_compile, max_num_seqs=args.vllm_max_num_seqs)
-            runs[label] = ("vllm", kw)
+            kw = dict(base, dtype=dt)
+            runs[f"vllm-{dt}"] = ("vllm", kw)
             if args.vllm_per_prompt and dt == args.dtype:
-                runs[label + "-per-prompt"] = ("vllm-per-prompt", kw)
+                runs[f"vllm-{dt}-per-prompt"] = ("vllm-per-prompt", kw)
+        for spec in args.vllm_variant:
+            name, _, rest = spec.partition(":")
+            kw = dict(base, dtype=args.dtype)
+            for item in filter(None, rest.split(",")):
+                k, _, v = item.partition("=")
+                kw[k] = int(v) if v.lstrip("-").isdigit() else (v if v not in ("true", "false") else v == "true")
+            for k in ("enforce_eager", "enable_chunked_prefill", "enable_prefix_caching"):
+                if k in kw:
+                    kw[k] = bool(kw[k])
+            runs[f"vllm-{args.dtype}-{name}"] = ("vllm", kw)
     if "hf" in names:
-        runs[f"hf-{args.dtype}-bs{args.hf_batch_size}"] = ("hf", dict(dtype=args.dtype, seed=0, batch_size=args.hf_batch_size))
+        for bs in [int(b) for b in str(args.hf_batch_size).split(",") if b]:
+            runs[f"hf-{args.dtype}-bs{bs}"] = ("hf", dict(dtype=args.dtype, seed=0, batch_size=bs))
 
     def build(kind: str, kw: dict[str, Any]) -> Any:
         t0 = time.perf_counter()
@@ -185,7 +192,7 @@ def main() -> None:
     gemm = {}
     for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         gemm[name] = _gemm_gflops(rows, cfg["hidden_size"], widest, dt)
-    peak_bf16 = _gemm_gflops(2048, 2048, 2048, torch.bfloat16)
+    square = {name: _gemm_gflops(1024, 1024, 1024, dt) for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
     flops_per_token = 2 * n_params
 
     print()
@@ -195,13 +202,13 @@ def main() -> None:
         dt, toks, _ = max(rs, key=lambda x: x[1] / x[0])
         best[label] = toks / dt
         print(f"{label:30s} {toks / dt:10.1f} {toks:7d} {dt:8.2f}")
-    hf_label = next((k for k in best if k.startswith("hf")), None)
+    hf_label = max((k for k in best if k.startswith("hf")), key=lambda k: best[k], default=None)
     if hf_label:
         for v in vllm_labels:
             print(f"ratio {v} / {hf_label}: {best[v] / best[hf_label]:.2f}x")
     print()
     print(f"GEMM at decode shape ({rows}x{cfg['hidden_size']} @ {cfg['hidden_size']}x{widest}): bf16 {gemm['bf16']:.1f} GFLOP/s, "
-          f"fp32 {gemm['fp32']:.1f} GFLOP/s; 2048^3 bf16 {peak_bf16:.1f} GFLOP/s")
+          f"fp32 {gemm['fp32']:.1f} GFLOP/s; 1024^3: bf16 {square['bf16']:.1f}, fp32 {square['fp32']:.1f} GFLOP/s")
     dt_gemm = gemm["fp32" if args.dtype == "fp32" else "bf16"]
     bound = dt_gemm * 1e9 / flops_per_token
     print(f"decode bound ({args.dtype}): {dt_gemm:.1f} GFLOP/s / (2 x {n_params / 1e6:.1f}M FLOPs/token) = {bound:.0f} tok/s")

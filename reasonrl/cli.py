@@ -141,6 +141,11 @@ def make_tiny_model(out: str = typer.Argument(..., help="Output directory"), see
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vLLM's CPU backend lowers torch to 1 thread unless OMP_NUM_THREADS is set; the trainer shares
+    # the process, so give it every core we may use (torchrun sets its own value per rank).
+    os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _register()
     try:
         app()

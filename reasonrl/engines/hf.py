@@ -17,7 +17,11 @@ from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
 
 
 def _dtype(name: str) -> torch.dtype:
-    if name in ("auto", "bf16", "bfloat16"):
+    if name == "auto":  # bf16 only where the hardware computes in it (emulated bf16 is ~100x slower)
+        from reasonrl.train.backend import resolve_dtype
+
+        name = resolve_dtype("auto")
+    if name in ("bf16", "bfloat16"):
         return torch.bfloat16
     if name in ("fp32", "float32"):
         return torch.float32

@@ -45,10 +45,26 @@ from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"auto": "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
-           "fp16": "float16", "float16": "float16"}
+_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
 DEFAULT_KV_CACHE_GIB = 2.0
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
+
+
+def auto_dtype() -> str:
+    """bfloat16 where the hardware computes in it (CUDA; CPUs with AVX512-BF16/AMX), else float32.
+
+    On an AVX2-only CPU bf16 GEMMs are emulated: measured here 0.4 GFLOP/s for torch bf16 vs 23 for
+    fp32, and vLLM decodes SmolLM2-135M about 5x slower in bf16 than in fp32 (bench/README.md).
+    """
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available() or platform.machine().lower() not in ("x86_64", "amd64"):
+        return "bfloat16"
+    cpu = torch.cpu
+    fast_bf16 = any(bool(getattr(cpu, f, lambda: False)()) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return "bfloat16" if fast_bf16 else "float32"
 
 
 def _derived_seed(seed: int, prompt_index: int, n: int) -> int:
@@ -72,10 +88,12 @@ class VLLMEngine:
         gpu_memory_utilization: float | None = None,
         kv_cache_gib: float | None = None,
         max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool | None = None,
         **_: Any,
     ) -> None:
-        if dtype not in _DTYPES:
+        if dtype != "auto" and dtype not in _DTYPES:
             raise ReasonRLError(f"unknown dtype '{dtype}' for the vLLM engine: use auto, bf16, fp16 or fp32")
         # Must be set before vLLM reads its environment (first LLM construction in this process).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -84,7 +102,7 @@ class VLLMEngine:
 
         self._vllm = vllm
         self.model_dir = str(model_dir)
-        self.dtype = _DTYPES[dtype]
+        self.dtype = auto_dtype() if dtype == "auto" else _DTYPES[dtype]
         self.seed = seed
         self.last_stats = GenerationStats()
         cfg = _read_config(self.model_dir)
@@ -109,6 +127,17 @@ class VLLMEngine:
         )
         if max_num_seqs is not None:
             kw["max_num_seqs"] = max_num_seqs
+        if enable_chunked_prefill is None and not on_gpu:
+            # vLLM 0.32 on CPU crashes on seeded requests whose prefill is split into chunks
+            # ("CPU Generator does not use offset": it rewinds the request's generator after a
+            # discarded partial-prefill sample, which only CUDA generators support).
+            enable_chunked_prefill = False
+        if enable_chunked_prefill is not None:
+            kw["enable_chunked_prefill"] = enable_chunked_prefill
+            if not enable_chunked_prefill:
+                kw["max_num_batched_tokens"] = max(max_model_len, 4096 if max_num_batched_tokens is None else max_num_batched_tokens)
+        elif max_num_batched_tokens is not None:
+            kw["max_num_batched_tokens"] = max_num_batched_tokens
         if on_gpu:
             kw["gpu_memory_utilization"] = float(
                 gpu_memory_utilization

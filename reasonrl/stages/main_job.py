@@ -27,7 +27,7 @@ class MainJobConfig:
     steps: int | None = opt(None, "Override the train recipe's step count.")
     value_steps: int | None = opt(None, "Override the pretrain-value recipe's step count.")
     eval_n: int | None = opt(None, "Override samples per held-out problem.")
-    aime_problems: int = opt(4, "AIME problems sampled at the end (0 skips it).")
+    aime_problems: int = opt(2, "AIME problems sampled at the end (0 skips it).")
     seed: int = opt(0, "Seed for every stage.")
 
     def __post_init__(self) -> None:

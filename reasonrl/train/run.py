@@ -25,7 +25,6 @@ from reasonrl.train.trainer import (
     DataStream,
     Loop,
     append_jsonl,
-    clip_bucket_metrics,
     flatten_metrics,
     log_line,
     position_metrics,
@@ -232,7 +231,6 @@ def train_step(loop: Loop, cfg: TrainConfig, step: int) -> dict[str, Any]:
     train_s = time.perf_counter() - t0
     m.update(upd)
     m.update(position_metrics(st))
-    m.update(clip_bucket_metrics(loop, st))
     n_tok = int(st.batch.attention_mask.sum())
     m["train_tokens"] = n_tok
     m["train_tokens_per_s"] = n_tok * cfg.ppo_epochs / max(train_s, 1e-9)  # tokens through the policy update per second

@@ -249,8 +249,12 @@ class Loop:
         agg = s.loss_agg
         max_len = self.sampling.max_tokens
         metrics: dict[str, list[float]] = {}
-        for mini in self._minibatches(st.batch.input_ids.shape[0]):
+        buckets: dict[str, float] = {}  # DAPO fig. 3a counts, from the ratios of the last epoch's updates
+        minis = self._minibatches(st.batch.input_ids.shape[0])
+        per_epoch = len(minis) // self.epochs
+        for mi, mini in enumerate(minis):
             micros = self._weights(st.batch, mini, agg)
+            track = mi >= len(minis) - per_epoch
 
             def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
                 idx, w = item
@@ -268,6 +272,16 @@ class Loop:
                     loss = loss + s.kl_coef * kl_loss
                     m["kl_ref"] = float(kl_loss.detach())
                 m["pg_loss"] = float(loss.detach())
+                if track:
+                    with torch.no_grad():
+                        ratio = torch.exp((logp.detach() - st.old_logp[idx, :t].to(dev)).clamp(-20, 20))
+                        bm = clipfrac_by_prob_bucket(st.old_logp[idx, :t].to(dev), ratio, adv, mb.mask, s.eps_low, s.eps_high)
+                    for k, v in bm.items():
+                        if k.startswith("tokens/"):
+                            b = k[len("tokens/"):]
+                            buckets[k] = buckets.get(k, 0.0) + v
+                            for kind in ("clip_upper", "clip_lower"):
+                                buckets[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) + bm.get(f"{kind}/{b}", 0.0) * v
                 return loss * w, {k: v * w / self.world for k, v in m.items() if isinstance(v, (int, float))}
 
             if not micros:
@@ -275,7 +289,16 @@ class Loop:
             out = self.policy_backend.step(micros, loss_fn)
             for k, v in out.items():
                 metrics.setdefault(k, []).append(v)
-        return {k: sum(v) / len(v) for k, v in metrics.items()}
+        res: dict[str, Any] = {k: sum(v) / len(v) for k, v in metrics.items()}
+        by_prob: dict[str, float] = {}
+        for k, n in buckets.items():
+            if k.startswith("tokens/"):
+                b = k[len("tokens/"):]
+                by_prob[k] = n
+                for kind in ("clip_upper", "clip_lower"):
+                    by_prob[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) / n if n else 0.0
+        res["clipfrac_by_prob"] = by_prob
+        return res
 
     def update_critic(self, st: StepTensors) -> dict[str, float]:
         s = self.spec
@@ -355,23 +378,6 @@ def position_metrics(st: StepTensors, n_bins: int = 16) -> dict[str, Any]:
         if st.returns is not None:
             m["explained_variance"] = float(explained_variance(st.values, st.returns, st.batch.valid))
     return m
-
-
-def clip_bucket_metrics(loop: Loop, st: StepTensors) -> dict[str, Any]:
-    """DAPO fig. 3a, measured on the step's batch with the updated policy (ratio new/old)."""
-    s = loop.spec
-    B = st.batch.input_ids.shape[0]
-    ratios = torch.ones_like(st.old_logp)
-    with torch.no_grad():
-        loop.policy.eval()
-        for idx in loop._micro_slices(B):
-            mb = st.batch.select(idx).to(loop.device)
-            with autocast_ctx(loop.dtype):
-                logp = A.logprobs_from_logits(response_logits(loop.policy, mb), mb.response_ids).cpu()
-            ratios[idx, : mb.T] = torch.exp((logp - st.old_logp[idx, : mb.T]).clamp(-20, 20))
-        loop.policy.train()
-    assert st.advantages is not None
-    return {"clipfrac_by_prob": clipfrac_by_prob_bucket(st.old_logp, ratios, st.advantages, st.batch.mask, s.eps_low, s.eps_high)}
 
 
 def append_jsonl(path: Path, rec: dict[str, Any]) -> None:

@@ -118,6 +118,27 @@ def test_long_prompts_and_many_rows(engine, tiny_tok) -> None:
     assert greedy[0][0].token_ids == greedy[1][0].token_ids  # second one reuses the cached prefix
 
 
+def test_seeded_sampling_with_more_prompt_tokens_than_one_step(engine) -> None:
+    """40 x 300-token prompts (> vLLM's 4096-token step budget): with chunked prefill, vLLM 0.32 on
+    CPU crashes on seeded requests ("CPU Generator does not use offset"); the engine disables it."""
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 500) for _ in range(300)] for _ in range(40)]
+    p = SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=3)
+    a = engine.generate(prompts, p)
+    b = engine.generate(prompts, p)
+    assert [c.token_ids for g in a for c in g] == [c.token_ids for g in b for c in g]
+    assert len(a) == 40 and all(len(g) == 2 for g in a)
+
+
+def test_auto_dtype_follows_the_hardware() -> None:
+    from reasonrl.engines.vllm_engine import auto_dtype
+
+    want = "bfloat16" if (torch.cuda.is_available() or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()) else "float32"
+    assert auto_dtype() == want
+
+
 def test_make_engine_builds_vllm_and_ignores_unknown_kwargs(tiny_dir, prompts, engine) -> None:
     """A second engine in the same process after the first closes; max_model_len is capped to the
     model's 1024 positions; batch_size (an HF option) is accepted and ignored."""

@@ -103,12 +103,12 @@ def test_update_without_lm_head_and_back_to_the_original(engine, tiny_dir, promp
 
 
 def test_bf16_engine_takes_fp32_weights(tiny_dir, prompts, engine) -> None:
-    """dtype conversion: a bf16 engine (the CPU default, "auto") loads an fp32 state dict."""
+    """dtype conversion: a bf16 engine loads an fp32 state dict."""
     from reasonrl.engines.vllm_engine import VLLMEngine
     from reasonrl.models import load_causal_lm
 
     engine.close()  # one engine at a time in this process
-    eng = VLLMEngine(str(tiny_dir), dtype="auto", seed=0, max_model_len=512)
+    eng = VLLMEngine(str(tiny_dir), dtype="bf16", seed=0, max_model_len=512)
     try:
         greedy = SamplingParams(temperature=0, max_tokens=8)
         base = eng.generate(prompts, greedy)
