@@ -66,21 +66,10 @@ def avg_at_n(correct: Sequence[Sequence[bool]]) -> float:
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021).
+    """Unbiased pass@k (Chen et al. 2021): the one implementation in ``reasonrl.algos``."""
+    from reasonrl.algos.evaluation import pass_at_k
 
-    ``1 - C(n-c, k) / C(n, k)``, computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)`` (no big
-    binomials); 1.0 when ``n - c < k`` (every k-subset holds a correct sample).
-    """
-    if not 0 <= c <= n:
-        raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
-    if not 1 <= k <= n:
-        raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
-    if n - c < k:
-        return 1.0
-    prod = 1.0
-    for i in range(n - c + 1, n + 1):
-        prod *= 1.0 - k / i
-    return 1.0 - prod
+    return pass_at_k(n, c, k)
 
 
 def per_problem_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> list[float]:

@@ -21,9 +21,8 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
     """
     if cache_length < 0 or cache_length > max_length:
         raise ValueError(f"cache_length must be in [0, max_length={max_length}], got {cache_length}")
-    expected = max_length - cache_length
-    if length <= expected:
-        return 0.0
-    if length <= max_length:
-        return (expected - length) / cache_length
-    return -1.0
+    import torch
+
+    from reasonrl.algos import overlong_penalty as batched  # the one implementation of eq. 13
+
+    return float(batched(torch.tensor([length]), max_len=max_length, cache_len=cache_length)[0])
