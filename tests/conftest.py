@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 
 import pytest
+
+from toyhelp import sft_answer_format, toy_rows
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,51 +19,6 @@ def tiny_model(tmp_path_factory) -> Path:
     from reasonrl.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def toy_rows(n: int, seed: int = 0, total: int | None = None) -> list[dict]:
-    """'What is a + b?' with small a, b (a + b == total when given): tasks for the tiny model."""
-    rng = random.Random(seed)
-    phrasings = ["What is {a} + {b}?", "Compute {a} + {b}.", "Add {a} and {b}."]
-    rows = []
-    for _ in range(n):
-        a = rng.randint(0, 2 if total is None else total)
-        b = rng.randint(0, 2) if total is None else total - a
-        rows.append({"problem": rng.choice(phrasings).format(a=a, b=b), "answer": str(a + b)})
-    return rows
-
-
-def sft_answer_format(model_dir: Path, out_dir: Path, steps: int = 60, seed: int = 0) -> Path:
-    """Teach the random tiny model the *format* 'Answer: d' with a random digit d in 0..4.
-
-    The digit is independent of the question, so accuracy starts near chance (~20%); only RL
-    can teach which digit is right.
-    """
-    import torch
-
-    from reasonrl.models.loading import load_causal_lm, load_tokenizer
-
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    rows = toy_rows(256, seed=seed + 1)
-    for _ in range(steps):
-        batch = rng.sample(rows, 32)
-        texts = []
-        for r in batch:
-            prompt = tok.apply_chat_template([{"role": "user", "content": r["problem"]}], add_generation_prompt=True, tokenize=False)
-            texts.append(prompt + f"Answer: {rng.randint(0, 4)}<|im_end|>")
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-        loss = model(**enc, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    return out_dir
 
 
 @pytest.fixture(scope="session")

@@ -105,6 +105,7 @@ class VLLMEngine:
         self.dtype = auto_dtype() if dtype == "auto" else _DTYPES[dtype]
         self.seed = seed
         self.last_stats = GenerationStats()
+        self.last_update_seconds = 0.0
         cfg = _read_config(self.model_dir)
         self.tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
         self.eos_ids = _eos_ids(self.model_dir, cfg)
@@ -154,6 +155,10 @@ class VLLMEngine:
             # Inside a multi-process trainer (DeepSpeed/torchrun): one engine per rank, each on the
             # ranks' existing process group (vLLM's "external launcher" mode, as TRL colocates).
             kw["distributed_executor_backend"] = "external_launcher"
+            # vLLM reads these (torchrun / the DeepSpeed launcher set them; mp.spawn does not).
+            os.environ.setdefault("RANK", str(dist.get_rank()))
+            os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+            os.environ.setdefault("LOCAL_RANK", str(dist.get_rank() % max(1, torch.cuda.device_count()) if on_gpu else dist.get_rank()))
         self._llm_kwargs = kw
         t0 = time.perf_counter()
         try:
@@ -186,6 +191,10 @@ class VLLMEngine:
         if not prompts:
             self.last_stats = GenerationStats()
             return []
+        longest = max(len(p) for p in prompts)
+        if longest >= self.max_model_len:
+            raise ReasonRLError(f"a prompt has {longest} tokens but the vLLM engine's max_model_len is {self.max_model_len}: "
+                                "lower --max-prompt-len (longer prompts are skipped) or raise the model length")
         inputs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
         sp: Any
         if params.seed is None:

@@ -118,6 +118,17 @@ def test_long_prompts_and_many_rows(engine, tiny_tok) -> None:
     assert greedy[0][0].token_ids == greedy[1][0].token_ids  # second one reuses the cached prefix
 
 
+def test_too_long_prompts_and_outputs(engine) -> None:
+    """A completion that would pass max_model_len stops there ("length"); a prompt that fills it is
+    a one-line ReasonRLError naming the fix."""
+    from reasonrl.errors import ReasonRLError
+
+    out = engine.generate([[5] * 500], SamplingParams(temperature=0, max_tokens=30))[0][0]
+    assert (len(out.token_ids), out.finish_reason) == (12, "length")
+    with pytest.raises(ReasonRLError, match="max_model_len is 512"):
+        engine.generate([[5, 6], [5] * 512], SamplingParams(max_tokens=4))
+
+
 def test_seeded_sampling_with_more_prompt_tokens_than_one_step(engine) -> None:
     """40 x 300-token prompts (> vLLM's 4096-token step budget): with chunked prefill, vLLM 0.32 on
     CPU crashes on seeded requests ("CPU Generator does not use offset"); the engine disables it."""

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from conftest import toy_rows
+from toyhelp import toy_rows
 
 pytestmark = pytest.mark.slow
 
