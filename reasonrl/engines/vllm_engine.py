@@ -15,18 +15,29 @@ are informational (and tested against transformers).
 
 Settings (keyword arguments, else environment variables):
 
+- ``dtype="auto"``: bfloat16 on CUDA and on CPUs that compute in bf16 (AVX512-BF16 / AMX), else
+  float32: on AVX2-only CPUs bf16 is emulated and several times slower (``bench/README.md``).
 - ``kv_cache_gib`` / ``VLLM_CPU_KVCACHE_SPACE`` (CPU): KV cache size, default 2 GiB.
 - ``gpu_memory_utilization`` / ``REASONRL_VLLM_GPU_MEMORY_UTILIZATION`` (GPU): default 0.5, since
   the trainer shares the GPU with this engine.
-- ``enforce_eager``: default True on CPU (torch.compile warm-up costs a minute or more and
-  gave no throughput gain on our CPUs, see ``bench/README.md``), False on GPU (CUDA graphs).
-- ``max_num_seqs``: sequences decoded together (vLLM's default: 256 on CPU).
+- ``enforce_eager``: default True on CPU (vLLM's CPU torch.compile costs minutes of start-up),
+  False on GPU (CUDA graphs).
+- ``max_num_seqs`` / ``max_num_batched_tokens``: vLLM's batch limits (defaults 256 / 4096 on CPU).
 - ``enable_prefix_caching``: default True (the G samples of a prompt share its KV blocks); the
-  cache is reset after each weight update.
+  cache is reset after each weight update, or prompts would reuse KV computed by the old weights.
+- ``enable_chunked_prefill``: default False on CPU, where vLLM 0.32 crashes on a seeded request
+  whose prompt is prefilled in chunks; vLLM's default on GPU.
 
 Seeds: ``SamplingParams.seed`` gives each prompt its own derived seed (vLLM gives sample ``j`` of
-a request ``seed + j``, so one shared seed would correlate the samples of different prompts);
-without a seed the engine's generator (seeded by ``seed`` at construction) is used.
+a request ``seed + j``, so one shared seed would correlate the samples of different prompts).
+
+Inside a multi-process trainer (torch.distributed initialised, world > 1, e.g. DeepSpeed), each rank
+runs its own engine on the existing process group (vLLM's ``external_launcher`` mode); ``close``
+leaves that group alone.
+
+In-process side effects of vLLM are undone after construction: torch's global RNG state is
+restored and ``torch.set_num_threads`` (which vLLM's CPU worker replaces by a no-op) put back.
+Unseeded sampling then draws from torch's global generator of this process.
 """
 
 from __future__ import annotations
@@ -161,11 +172,22 @@ class VLLMEngine:
             os.environ.setdefault("LOCAL_RANK", str(dist.get_rank() % max(1, torch.cuda.device_count()) if on_gpu else dist.get_rank()))
         self._llm_kwargs = kw
         t0 = time.perf_counter()
+        # vLLM in-process re-seeds torch's global generator and (CPU worker) replaces
+        # torch.set_num_threads by a no-op; neither should leak into the trainer (a resumed run
+        # restores its RNG state before building the engine).
+        set_num_threads = torch.set_num_threads
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if on_gpu else None
         try:
             self.llm = vllm.LLM(**kw)
         except Exception as e:  # noqa: BLE001 - any construction failure is reported with the fix
             first = (str(e).splitlines() or [""])[0][:300]
             raise ReasonRLError(f"vLLM could not load {self.model_dir} ({type(e).__name__}: {first}): use --engine hf, or fix the vLLM setup") from e
+        finally:
+            torch.set_num_threads = set_num_threads
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
         self.construct_seconds = time.perf_counter() - t0
         self.prefix_caching = enable_prefix_caching
 

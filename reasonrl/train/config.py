@@ -36,7 +36,7 @@ class TrainConfig(ModelOpts, SamplingOpts):
     kl_coef: float | None = opt(None, "KL penalty coefficient against the initial policy, in the loss (default: the algo's row; DAPO 0).")
     lam_actor: float | None = opt(None, "GAE λ for the actor's advantages (default: the algo's row).")
     lam_critic: float | None = opt(None, "GAE λ for the critic's targets (default: the algo's row).")
-    overlong_cache_len: int = opt(64, "Soft overlong punishment buffer L_cache (DAPO: 4096): punishment starts at max_response_len − overlong_cache_len.")
+    overlong_cache_len: int | None = opt(None, "Soft overlong punishment buffer L_cache (DAPO: 4096 of 20480): punishment starts at max_response_len − overlong_cache_len; default max_response_len // 5, the paper's ratio.")
     backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
@@ -60,6 +60,8 @@ class TrainConfig(ModelOpts, SamplingOpts):
         check(self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0")
         check(self.oversample >= 1.0, "oversample must be >= 1.0")
         check(self.max_gen_rounds >= 1, "max_gen_rounds must be >= 1")
+        if self.overlong_cache_len is None:
+            self.overlong_cache_len = self.max_response_len // 5
         check(0 <= self.overlong_cache_len < self.max_response_len, f"overlong_cache_len must be in [0, max_response_len={self.max_response_len})")
         check(self.backend in BACKENDS, f"backend must be one of {BACKENDS}, got '{self.backend}'")
         check(self.zero in (0, 1, 2, 3), "zero must be 0, 1, 2 or 3")

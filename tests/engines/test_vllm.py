@@ -152,10 +152,17 @@ def test_auto_dtype_follows_the_hardware() -> None:
 
 def test_make_engine_builds_vllm_and_ignores_unknown_kwargs(tiny_dir, prompts, engine) -> None:
     """A second engine in the same process after the first closes; max_model_len is capped to the
-    model's 1024 positions; batch_size (an HF option) is accepted and ignored."""
+    model's 1024 positions; batch_size (an HF option) is accepted and ignored; building the engine
+    leaves torch's RNG state and torch.set_num_threads as they were."""
     engine.close()  # (the module fixture's engine; close is idempotent)
+    set_num_threads = torch.set_num_threads
+    torch.manual_seed(123)
+    rng = torch.get_rng_state()
     eng = make_engine("vllm", str(tiny_dir), dtype="fp32", seed=0, max_model_len=4096, batch_size=8, unknown=1)
     try:
+        # vLLM's in-process side effects are undone: the trainer's RNG state and set_num_threads
+        assert torch.equal(torch.get_rng_state(), rng)
+        assert torch.set_num_threads is set_num_threads
         assert eng.name == "vllm" and eng.max_model_len == 1024
         out = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=4))
         assert [len(g[0].token_ids) for g in out] == [4, 4, 4]
