@@ -14,6 +14,9 @@ The decode bound: generating one token costs about 2 x params FLOPs (each weight
 multiply-add; the tied embedding counts once, as the LM head); the bound is a measured GEMM
 throughput at decode shape (rows = prompts x samples, the model's widest matmul) divided by that.
 Attention over the context and everything that is not a GEMM is not counted: it is an upper bound.
+
+Threads: as the ``reasonrl`` CLI does, ``OMP_NUM_THREADS`` defaults to the CPUs available (vLLM's CPU
+backend would otherwise drop torch to one thread); set it to compare other counts.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 

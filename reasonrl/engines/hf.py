@@ -1,5 +1,9 @@
 """Generation with transformers: batched, left padding, KV cache, our own sampling loop.
 
+Each distinct prompt of a batch is prefilled once and its KV cache shared by its samples (the n
+samples of a prompt sit in the same batch as far as ``batch_size`` allows), as vLLM's prefix cache
+does; only the last position's logits are computed in the prefill.
+
 The loop keeps only the sampled token's log-probability per step (never the full logits), so a
 batch of 256 × 1000 tokens with a 49k vocabulary costs no extra memory. Log-probabilities are
 those of the distribution actually sampled from (after temperature; top-p/top-k renormalised),
@@ -81,12 +85,13 @@ class HFEngine:
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         rows = [(i, list(p)) for i, p in enumerate(prompts) for _ in range(params.n)]
-        # Sort by prompt length so each batch pads little; results go back by index.
+        # Sort by prompt length so each batch pads little (stable: a prompt's samples stay
+        # adjacent, so they share one prefill); results go back by index.
         order = sorted(range(len(rows)), key=lambda j: len(rows[j][1]))
         results: list[Completion | None] = [None] * len(rows)
         for s in range(0, len(order), self.batch_size):
             chunk = order[s : s + self.batch_size]
-            outs = self._generate_batch([rows[j][1] for j in chunk], params)
+            outs = self._generate_batch([rows[j][1] for j in chunk], params, [rows[j][0] for j in chunk])
             for j, c in zip(chunk, outs):
                 results[j] = c
         grouped: list[list[Completion]] = [[] for _ in prompts]
@@ -97,29 +102,44 @@ class HFEngine:
         self.last_stats = GenerationStats(len(prompts), len(rows), n_tok, time.perf_counter() - t0)
         return grouped
 
-    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, keys: list[int] | None = None) -> list[Completion]:
+        """Rows ``prompts`` (equal ``keys`` = the same prompt) → one completion per row."""
         from transformers import DynamicCache
 
         B = len(prompts)
-        L = max(len(x) for x in prompts)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
-        for b, x in enumerate(prompts):
+        keys = list(range(B)) if keys is None else keys
+        first: dict[int, int] = {}
+        for k in keys:
+            first.setdefault(k, len(first))
+        uniq = [prompts[keys.index(k)] for k in first]
+        dev = self.device
+        expand = torch.tensor([first[k] for k in keys], dtype=torch.long, device=dev)  # (B,) row → unique prompt
+        L = max(len(x) for x in uniq)
+        ids = torch.full((len(uniq), L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(uniq), L), dtype=torch.long)
+        for b, x in enumerate(uniq):
             ids[b, L - len(x) :] = torch.tensor(x, dtype=torch.long)
             attn[b, L - len(x) :] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
+        ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        dev = self.device
+        # Prefill the distinct prompts once, then give every row its prompt's cache.
+        logits0 = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        if len(uniq) < B:
+            cache.reorder_cache(expand)
+        logits0, attn, pos = logits0[expand], attn[expand], pos[expand]
         eos = torch.tensor(sorted(self.eos_ids | set(p.stop_token_ids)), dtype=torch.long, device=dev)
         out_tok = torch.full((B, p.max_tokens), self.pad_id, dtype=torch.long, device=dev)
         out_lp = torch.zeros((B, p.max_tokens), dtype=torch.float32, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         lengths = torch.full((B,), p.max_tokens, dtype=torch.long, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
-        cur_ids, cur_pos = ids, pos
+        cur_pos = pos[:, -1:]
         for t in range(p.max_tokens):
-            logits = self.model(input_ids=cur_ids, attention_mask=attn, position_ids=cur_pos, past_key_values=cache, use_cache=True).logits[:, -1, :].float()
+            if t == 0:
+                logits = logits0.float()
+            else:
+                logits = self.model(input_ids=cur_ids, attention_mask=attn, position_ids=cur_pos, past_key_values=cache, use_cache=True).logits[:, -1, :].float()
             if p.temperature == 0:
                 nxt = logits.argmax(-1)
                 lp = torch.log_softmax(logits, -1).gather(-1, nxt[:, None]).squeeze(-1)
@@ -139,7 +159,7 @@ class HFEngine:
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long, device=dev)], dim=1)
             cur_ids = nxt[:, None]
-            cur_pos = cur_pos[:, -1:] + 1
+            cur_pos = cur_pos + 1
         out_tok, out_lp, lengths, stopped = out_tok.cpu(), out_lp.cpu(), lengths.cpu(), stopped.cpu()
         res = []
         for b in range(B):

@@ -131,6 +131,17 @@ def test_batching_is_invisible(tiny_dir, prompts) -> None:
         torch.testing.assert_close(torch.tensor(ga[0].logprobs), torch.tensor(gb[0].logprobs), atol=1e-4, rtol=0)
 
 
+def test_shared_prefill_equals_one_prefill_per_row(tiny_dir, prompts) -> None:
+    """A prompt's samples share one prefill (its cache copied per row), also when they straddle
+    batches: greedy samples equal the one-row-at-a-time result."""
+    one = HFEngine(str(tiny_dir), dtype="fp32", batch_size=1).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    shared = HFEngine(str(tiny_dir), dtype="fp32", batch_size=5).generate(prompts, SamplingParams(n=3, temperature=0, max_tokens=8))
+    for g1, g3 in zip(one, shared):
+        for c in g3:
+            assert c.token_ids == g1[0].token_ids
+            torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(g1[0].logprobs), atol=1e-4, rtol=0)
+
+
 def test_update_weights_copies_in_place(tiny_dir, prompts) -> None:
     eng = HFEngine(str(tiny_dir), dtype="fp32")
     before = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
