@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import warnings
 import sys
 import typing
 from typing import Any, Callable, List, Optional
@@ -144,8 +145,12 @@ def main() -> None:
     # vLLM's CPU backend lowers torch to 1 thread unless OMP_NUM_THREADS is set; the trainer shares
     # the process, so give it every core we may use (torchrun sets its own value per rank).
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # Quiet by default (vLLM repeats a harmless CPU thread-binding warning at every generate call;
+    # transformers draws a bar per checkpoint write); set these variables to see more.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")  # vLLM's own deprecations
     _register()
     try:
         app()
