@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import warnings
 import sys
 import typing
+import warnings
 from typing import Any, Callable, List, Optional
 
 import typer
