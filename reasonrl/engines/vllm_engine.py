@@ -15,8 +15,8 @@ are informational (and tested against transformers).
 
 Settings (keyword arguments, else environment variables):
 
-- ``dtype="auto"``: bfloat16 on CUDA and on CPUs that compute in bf16 (AVX512-BF16 / AMX), else
-  float32: on AVX2-only CPUs bf16 is emulated and several times slower (``bench/README.md``).
+- ``dtype="auto"``: bfloat16 on GPUs and on CPUs that compute in bf16 (AVX512-BF16 / AMX), else
+  float32: without them bf16 is emulated, ~90x slower per GEMM here (``bench/README.md``).
 - ``kv_cache_gib`` / ``VLLM_CPU_KVCACHE_SPACE`` (CPU): KV cache size, default 2 GiB.
 - ``gpu_memory_utilization`` / ``REASONRL_VLLM_GPU_MEMORY_UTILIZATION`` (GPU): default 0.5, since
   the trainer shares the GPU with this engine.
@@ -62,20 +62,10 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
 
 
 def auto_dtype() -> str:
-    """bfloat16 where the hardware computes in it (CUDA; CPUs with AVX512-BF16/AMX), else float32.
+    """bfloat16 where the hardware computes in it, else float32 (``reasonrl.train.backend.hardware_bf16``)."""
+    from reasonrl.train.backend import hardware_bf16
 
-    On an AVX2-only CPU bf16 GEMMs are emulated: measured here 0.4 GFLOP/s for torch bf16 vs 23 for
-    fp32, and vLLM decodes SmolLM2-135M about 5x slower in bf16 than in fp32 (bench/README.md).
-    """
-    import platform
-
-    import torch
-
-    if torch.cuda.is_available() or platform.machine().lower() not in ("x86_64", "amd64"):
-        return "bfloat16"
-    cpu = torch.cpu
-    fast_bf16 = any(bool(getattr(cpu, f, lambda: False)()) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return "bfloat16" if fast_bf16 else "float32"
+    return "bfloat16" if hardware_bf16() else "float32"
 
 
 def _derived_seed(seed: int, prompt_index: int, n: int) -> int:
