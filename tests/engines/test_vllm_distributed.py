@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 SCRIPT = textwrap.dedent(
     """
+    import os
     import sys
     import torch
     import torch.distributed as dist
@@ -42,7 +43,8 @@ SCRIPT = textwrap.dedent(
         dist.all_reduce(t)
         ok = len(before) == 1 + 2 * rank and len(before[0][0].token_ids) == 4 + 12 * rank
         changed = before[0][0].token_ids != after[0][0].token_ids
-        print(f"RANK {rank} ok={ok} changed={changed} allreduce={t.item()}", flush=True)
+        # one write() per line: a pipe write under PIPE_BUF is atomic, so the ranks' lines never interleave
+        os.write(1, f"RANK {rank} ok={ok} changed={changed} allreduce={t.item()}\\n".encode())
         dist.destroy_process_group()
 
     if __name__ == "__main__":
