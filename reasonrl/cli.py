@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from reasonrl.config import _base_type, build_config, load_recipe, parse_sets, recipe_layer
+from reasonrl.config import base_type, build_config, load_recipe, parse_sets, recipe_layer
 from reasonrl.errors import ReasonRLError
 
 app = typer.Typer(
@@ -32,7 +32,7 @@ app.add_typer(eval_app, name="eval")
 
 
 def _option_type(tp: Any) -> Any:
-    base, _ = _base_type(tp)
+    base, _ = base_type(tp)
     if typing.get_origin(base) is list:
         return Optional[List[str]]
     return Optional[base]
@@ -53,7 +53,7 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
             param_default: Any = typer.Argument(None, help=h, show_default=False)
         else:
             flag = "--" + f.name.replace("_", "-")
-            base, _ = _base_type(hints[f.name])
+            base, _ = base_type(hints[f.name])
             decls = [f"{flag}/--no-{f.name.replace('_', '-')}"] if base is bool else [flag]
             param_default = typer.Option(None, *decls, help=f"{h} [default: {default}]", show_default=False)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=param_default, annotation=_option_type(hints[f.name])))
@@ -99,18 +99,16 @@ class _user_errors:
 
 
 def _register() -> None:
-    from reasonrl.data.prepare import PrepareConfig, run_prepare
-    from reasonrl.stages.evaluate import EVAL_SETS, EvalConfig, run_eval
+    from reasonrl.evaluation.sets import EVAL_SETS
+    from reasonrl.stages.eval import EvalConfig, run_eval
     from reasonrl.stages.main_job import MainJobConfig, run_main_job
+    from reasonrl.stages.prepare_data import PrepareConfig, print_report, run_prepare
     from reasonrl.stages.pretrain_value import PretrainValueConfig, run_pretrain_value
-    from reasonrl.stages.rollout_stage import RolloutConfig, run_rollout
-    from reasonrl.train.config import TrainConfig
-    from reasonrl.train.run import run_train
+    from reasonrl.stages.rollout import RolloutConfig, run_rollout
+    from reasonrl.stages.train import TrainConfig, run_train
 
     def prepare(cfg: PrepareConfig) -> None:
         from rich.console import Console
-
-        from reasonrl.data.prepare import print_report
 
         report = run_prepare(cfg)
         print_report(report, Console())
@@ -123,9 +121,9 @@ def _register() -> None:
                   help="Sample G responses per prompt, score them, write parquet (prompt, response, token ids, logprobs, finish reason, reward).")
     stage_command(app, "train", TrainConfig, run_train,
                   help="On-policy RL: --algo ppo | vcppo | grpo | dapo (rollout → rewards → filtering → advantages → updates → checkpoint).")
-    for set_name, (desc, _files) in EVAL_SETS.items():
+    for set_name, eval_set in EVAL_SETS.items():
         stage_command(eval_app, set_name, EvalConfig, run_eval, stage="eval", fixed={"dataset": set_name},
-                      help=f"Evaluate on {desc}.")
+                      help=f"Evaluate on {eval_set.description}.")
     stage_command(eval_app, "file", EvalConfig, run_eval, stage="eval",
                   help="Evaluate on any dataset file (jsonl/json/parquet with problem + integer answer, or a prepare-data directory): --dataset PATH.")
     stage_command(app, "main-job", MainJobConfig, run_main_job,

@@ -33,7 +33,7 @@ def field_help(cls: type, name: str) -> str:
     return ""
 
 
-def _base_type(tp: Any) -> tuple[Any, bool]:
+def base_type(tp: Any) -> tuple[Any, bool]:
     """(underlying type, optional?) for ``X | None`` / ``Optional[X]``."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -49,7 +49,7 @@ def coerce(cls: type, key: str, value: Any) -> Any:
     if key not in hints:
         known = ", ".join(f.name for f in dataclasses.fields(cls))
         raise ReasonRLError(f"unknown key '{key}' for {cls.__name__}; known keys: {known}")
-    tp, optional = _base_type(hints[key])
+    tp, optional = base_type(hints[key])
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
         if optional:
             return None

@@ -42,12 +42,13 @@ class ModelRewriter:
         self._tok: Any = None
 
     def __enter__(self) -> "ModelRewriter":
-        from reasonrl.engines.base import make_engine
+        from reasonrl.engines.base import EngineOptions
+        from reasonrl.engines.registry import make_engine
         from reasonrl.models.loading import load_tokenizer, resolve_model
 
         md = resolve_model(self.model)
         self._tok = load_tokenizer(md)
-        self._engine = make_engine(self.engine_kind, str(md), seed=self.seed, max_model_len=2048)
+        self._engine = make_engine(EngineOptions(engine=self.engine_kind), str(md), seed=self.seed, max_model_len=2048)
         return self
 
     def __exit__(self, *exc: Any) -> None:

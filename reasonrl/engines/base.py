@@ -1,4 +1,4 @@
-"""The generation interface every engine implements.
+"""The generation interface every engine implements, the engine options, and helpers engines share.
 
 Prompt token ids and sampling parameters in; per prompt, ``n`` completions out, each with its token
 ids, the per-token log-probabilities of the sampled tokens under the sampling model, and a finish
@@ -7,8 +7,13 @@ reason ("stop": EOS or a stop token; "length": hit ``max_tokens``). Engines neve
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, Sequence
+
+from reasonrl.config import check, opt
+from reasonrl.errors import ReasonRLError
 
 
 @dataclass(frozen=True)
@@ -73,26 +78,74 @@ class GenerationEngine(Protocol):
     def close(self) -> None: ...
 
 
-def make_engine(kind: str, model_dir: str, *, dtype: str = "auto", seed: int = 0, max_model_len: int = 4096, **kw: Any) -> GenerationEngine:
-    """``kind``: "hf", "vllm", or "auto" (vLLM when importable, else transformers)."""
-    from reasonrl.errors import ReasonRLError
 
-    if kind == "auto":
-        import importlib.util
 
-        kind = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    if kind == "hf":
-        from reasonrl.engines.hf import HFEngine
+@dataclass
+class EngineOptions:
+    """How generation runs: which engine and its settings (fields shared by every generating stage).
 
-        return HFEngine(model_dir, dtype=dtype, seed=seed, **kw)
-    if kind == "vllm":
-        try:
-            from reasonrl.engines.vllm_engine import VLLMEngine
-        except ImportError as e:
-            raise ReasonRLError(f"--engine vllm needs vLLM ({e}): run `bash scripts/install.sh` or use --engine hf") from None
-        return VLLMEngine(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len, **kw)
-    if kind.startswith("http://") or kind.startswith("https://"):
-        from reasonrl.engines.server import ServerEngine
+    Each engine reads only some of these (``reasonrl.engines.registry.ENGINES`` lists which); a
+    non-default value of an option the chosen engine does not read is an error, never ignored.
+    """
 
-        return ServerEngine(kind, model_dir, **kw)
-    raise ReasonRLError(f"unknown engine '{kind}': use hf, vllm, auto or a vLLM server URL")
+    engine: str = opt("auto", "Generation engine: 'vllm', 'hf' (transformers), 'auto' (vLLM when installed), or a vLLM server URL (http://HOST:PORT).")
+    dtype: str = opt("auto", "Compute dtype: 'auto' (bf16 where the hardware computes in it, else fp32), 'bf16', 'fp16' or 'fp32'.")
+    gen_batch_size: int = opt(64, "hf engine: rows (prompt × sample) decoded together (memory vs speed).")
+    kv_cache_gib: float | None = opt(None, "vllm engine on CPU: KV cache size in GiB (default 2, or $VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float | None = opt(None, "vllm engine on GPU: share of GPU memory vLLM may take (default 0.5: the trainer shares the GPU).")
+    max_num_seqs: int | None = opt(None, "vllm engine: most sequences decoded at once (vLLM's default when unset).")
+    enforce_eager: bool | None = opt(None, "vllm engine: no CUDA graphs / torch.compile (default: on for CPU, off for GPU).")
+    prefix_caching: bool = opt(True, "vllm engine: share the KV blocks of a prompt among its samples (reset after each weight sync).")
+    max_concurrency: int = opt(32, "server engine: requests in flight at once.")
+
+    def _check_engine(self) -> None:
+        from reasonrl.devices import DTYPE_NAMES
+
+        check(self.dtype == "auto" or self.dtype in DTYPE_NAMES, f"dtype must be auto, bf16, fp16 or fp32, got '{self.dtype}'")
+        check(self.gen_batch_size >= 1, "gen_batch_size must be >= 1")
+        check(self.kv_cache_gib is None or self.kv_cache_gib > 0, "kv_cache_gib must be > 0")
+        check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
+        check(self.max_num_seqs is None or self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
+        check(self.max_concurrency >= 1, "max_concurrency must be >= 1")
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers every engine may use
+
+
+def model_config(model_dir: str | Path) -> dict[str, Any]:
+    """A model directory's ``config.json`` (a multimodal config's ``text_config`` merged in)."""
+    p = Path(model_dir) / "config.json"
+    if not p.is_file():
+        raise ReasonRLError(f"{model_dir} is not a model directory (no config.json): pass an HF model directory")
+    cfg = json.loads(p.read_text())
+    text = cfg.get("text_config")
+    return {**text, **{k: v for k, v in cfg.items() if k != "text_config"}} if isinstance(text, dict) else cfg
+
+
+def eos_token_ids(model_dir: str | Path, cfg: dict[str, Any] | None = None) -> set[int]:
+    """EOS ids as transformers sees them: the tokenizer's plus the generation config's."""
+    cfg = model_config(model_dir) if cfg is None else cfg
+    ids: set[int] = set()
+
+    def add(x: Any) -> None:
+        if isinstance(x, int):
+            ids.add(x)
+        elif isinstance(x, (list, tuple)):
+            ids.update(i for i in x if isinstance(i, int))
+
+    gen = Path(model_dir) / "generation_config.json"
+    # transformers builds the generation config from config.json when the file is absent.
+    add(json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else cfg.get("eos_token_id"))
+    try:
+        from reasonrl.models.loading import load_tokenizer
+
+        add(load_tokenizer(model_dir).eos_token_id)
+    except ReasonRLError:
+        pass
+    return ids
+
+
+def derived_seed(seed: int, prompt_index: int, n: int) -> int:
+    """A distinct seed per prompt; vLLM then uses ``seed + j`` for sample ``j`` (so no overlap)."""
+    return (seed * 1_000_003 + prompt_index * n) % (2**62)

@@ -20,20 +20,6 @@ import torch
 from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
 
 
-def _dtype(name: str) -> torch.dtype:
-    if name == "auto":  # bf16 only where the hardware computes in it (emulated bf16 is ~100x slower)
-        from reasonrl.train.backend import resolve_dtype
-
-        name = resolve_dtype("auto")
-    if name in ("bf16", "bfloat16"):
-        return torch.bfloat16
-    if name in ("fp32", "float32"):
-        return torch.float32
-    if name in ("fp16", "float16"):
-        return torch.float16
-    raise ValueError(f"unknown dtype {name}")
-
-
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask logits outside top-k / the top-p nucleus with -inf. (B, V) → (B, V)."""
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -54,11 +40,12 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model_dir: str, *, dtype: str = "auto", seed: int = 0, batch_size: int = 64, model: Any = None, **_: Any) -> None:
+    def __init__(self, model_dir: str, *, dtype: str = "auto", seed: int = 0, batch_size: int = 64, model: Any = None) -> None:
+        from reasonrl.devices import default_device, torch_dtype
         from reasonrl.models.loading import load_causal_lm, load_tokenizer
 
-        self.dtype = _dtype(dtype)
-        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+        self.dtype = torch_dtype(dtype)
+        self.device = torch.device(default_device())
         self.model = model if model is not None else load_causal_lm(model_dir, dtype=self.dtype, device=str(self.device))
         self.model.eval()
         tok = load_tokenizer(model_dir)

@@ -28,7 +28,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, derived_seed, eos_token_ids
 from reasonrl.errors import ReasonRLError
 
 
@@ -38,9 +38,7 @@ class ServerEngine:
     name = "vllm-server"
 
     def __init__(self, url: str, model_dir: str | None = None, *, model: str | None = None, max_concurrency: int = 32,
-                 request_timeout: float = 3600.0, **_: Any) -> None:
-        from reasonrl.engines.vllm_engine import _eos_ids, _read_config
-
+                 request_timeout: float = 3600.0) -> None:
         url = url.rstrip("/")
         if url.endswith("/v1"):
             url = url[: -len("/v1")]
@@ -48,7 +46,7 @@ class ServerEngine:
         self.model_dir = model_dir
         self.max_concurrency = max(1, int(max_concurrency))
         self.timeout = float(request_timeout)
-        self.eos_ids: set[int] = _eos_ids(str(model_dir), _read_config(str(model_dir))) if model_dir else set()
+        self.eos_ids: set[int] = eos_token_ids(model_dir) if model_dir else set()
         self._model = model
         self.last_stats = GenerationStats()
 
@@ -110,11 +108,9 @@ class ServerEngine:
         return [_completion(c) for c in choices]
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        from reasonrl.engines.vllm_engine import _derived_seed
-
         t0 = time.perf_counter()
         _ = self.model  # fail early, once, when the server is unreachable
-        jobs = [([int(t) for t in pr], None if params.seed is None else _derived_seed(params.seed, i, params.n)) for i, pr in enumerate(prompts)]
+        jobs = [([int(t) for t in pr], None if params.seed is None else derived_seed(params.seed, i, params.n)) for i, pr in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, max(1, len(jobs)))) as pool:
             grouped = list(pool.map(lambda j: self._one(j[0], params, j[1]), jobs))
         n_tok = sum(len(c.token_ids) for g in grouped for c in g)

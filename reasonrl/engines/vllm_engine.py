@@ -44,33 +44,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, derived_seed, eos_token_ids, model_config
 from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16"}
 DEFAULT_KV_CACHE_GIB = 2.0
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
-
-
-def auto_dtype() -> str:
-    """bfloat16 where the hardware computes in it, else float32 (``reasonrl.train.backend.hardware_bf16``)."""
-    from reasonrl.train.backend import hardware_bf16
-
-    return "bfloat16" if hardware_bf16() else "float32"
-
-
-def _derived_seed(seed: int, prompt_index: int, n: int) -> int:
-    """A distinct seed per prompt; vLLM then uses ``seed + j`` for sample ``j`` (so no overlap)."""
-    return (seed * 1_000_003 + prompt_index * n) % (2**62)
 
 
 class VLLMEngine:
@@ -92,10 +77,9 @@ class VLLMEngine:
         max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool | None = None,
-        **_: Any,
     ) -> None:
-        if dtype != "auto" and dtype not in _DTYPES:
-            raise ReasonRLError(f"unknown dtype '{dtype}' for the vLLM engine: use auto, bf16, fp16 or fp32")
+        from reasonrl.devices import vllm_dtype
+
         # Must be set before vLLM reads its environment (first LLM construction in this process).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import torch
@@ -103,13 +87,16 @@ class VLLMEngine:
 
         self._vllm = vllm
         self.model_dir = str(model_dir)
-        self.dtype = auto_dtype() if dtype == "auto" else _DTYPES[dtype]
+        try:
+            self.dtype = vllm_dtype(dtype)
+        except ValueError as e:
+            raise ReasonRLError(f"{e} (vLLM engine)") from None
         self.seed = seed
         self.last_stats = GenerationStats()
         self.last_update_seconds = 0.0
-        cfg = _read_config(self.model_dir)
+        cfg = model_config(self.model_dir)
         self.tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
-        self.eos_ids = _eos_ids(self.model_dir, cfg)
+        self.eos_ids = eos_token_ids(self.model_dir, cfg)
         limit = cfg.get("max_position_embeddings")
         if isinstance(limit, int) and 0 < limit < max_model_len:
             log.info("vLLM engine: max_model_len %d capped to the model's max_position_embeddings %d", max_model_len, limit)
@@ -212,7 +199,7 @@ class VLLMEngine:
         if params.seed is None:
             sp = self._sampling(params, None)
         else:
-            sp = [self._sampling(params, _derived_seed(params.seed, i, params.n)) for i in range(len(prompts))]
+            sp = [self._sampling(params, derived_seed(params.seed, i, params.n)) for i in range(len(prompts))]
         # One call for all prompts: vLLM's scheduler batches every sequence (continuous batching).
         outs = self.llm.generate(inputs, sp, use_tqdm=False)
         grouped: list[list[Completion]] = []
@@ -348,34 +335,3 @@ def _sampled_logprobs(lp: Any, ids: list[int]) -> list[float]:
             out.append(float(vals[j]))
         return out
     return [float(d[t].logprob) for d, t in zip(lp, ids)]
-
-
-def _read_config(model_dir: str) -> dict[str, Any]:
-    p = Path(model_dir) / "config.json"
-    if not p.is_file():
-        raise ReasonRLError(f"{model_dir} is not a model directory (no config.json): pass an HF model directory")
-    cfg = json.loads(p.read_text())
-    text = cfg.get("text_config")
-    return {**text, **{k: v for k, v in cfg.items() if k != "text_config"}} if isinstance(text, dict) else cfg
-
-
-def _eos_ids(model_dir: str, cfg: dict[str, Any]) -> set[int]:
-    """EOS ids as the transformers engine sees them: the tokenizer's plus the generation config's."""
-    ids: set[int] = set()
-
-    def add(x: Any) -> None:
-        if isinstance(x, int):
-            ids.add(x)
-        elif isinstance(x, (list, tuple)):
-            ids.update(i for i in x if isinstance(i, int))
-
-    gen = Path(model_dir) / "generation_config.json"
-    # transformers builds the generation config from config.json when the file is absent.
-    add(json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else cfg.get("eos_token_id"))
-    try:
-        from reasonrl.models.loading import load_tokenizer
-
-        add(load_tokenizer(model_dir).eos_token_id)
-    except ReasonRLError:
-        pass
-    return ids

@@ -77,6 +77,14 @@ def resolve_model(name: str | os.PathLike | None) -> Path:
     return p
 
 
+def resolve_policy(model: str | os.PathLike) -> Path:
+    """A policy: an HF model directory, "default", or a finished train run (its ``policy/``)."""
+    p = Path(model)
+    if p.is_dir() and (p / "policy" / "config.json").is_file():
+        return p / "policy"
+    return resolve_model(model)
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
     from transformers import AutoTokenizer
 

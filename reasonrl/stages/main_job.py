@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import build_config, check, load_recipe, opt, recipe_layer
-from reasonrl.paths import ROOT, bundled
+from reasonrl.errors import ReasonRLError
+from reasonrl.bundled import bundled
 
 
 @dataclass
@@ -34,8 +35,17 @@ class MainJobConfig:
         check(self.aime_problems >= 0, "aime_problems must be >= 0")
 
 
+def recipes_dir() -> Path:
+    """The stage recipes shipped with the package (the repository's top-level ``stages/``)."""
+    from importlib import resources
+
+    return Path(str(resources.files("reasonrl.recipes")))
+
+
 def _stage_cfg(cls: type, recipes: Path, name: str, stage: str, **over: Any) -> Any:
-    recipe = load_recipe(recipes / name) if (recipes / name).is_file() else {}
+    if not (recipes / name).is_file():
+        raise ReasonRLError(f"recipe {recipes / name} not found: pass --recipes with a folder holding the *-cpu.toml recipes (the repository's stages/)")
+    recipe = load_recipe(recipes / name)
     return build_config(cls, recipe_layer(recipe, stage), {k: v for k, v in over.items() if v is not None})
 
 
@@ -43,16 +53,15 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
 
-    from reasonrl.data.prepare import PrepareConfig, print_report, run_prepare
-    from reasonrl.stages.evaluate import EvalConfig, run_eval
+    from reasonrl.stages.eval import EvalConfig, run_eval
+    from reasonrl.stages.prepare_data import PrepareConfig, print_report, run_prepare
     from reasonrl.stages.pretrain_value import PretrainValueConfig, run_pretrain_value
-    from reasonrl.train.config import TrainConfig
-    from reasonrl.train.run import run_train
+    from reasonrl.stages.train import TrainConfig, run_train
 
     console = console or Console()
     t0 = time.perf_counter()
     out = Path(cfg.out)
-    recipes = Path(cfg.recipes) if cfg.recipes else ROOT / "stages"
+    recipes = Path(cfg.recipes) if cfg.recipes else recipes_dir()
     data_file = cfg.data or str(bundled("addition.jsonl"))
     common = {"model": cfg.model, "engine": cfg.engine, "seed": cfg.seed}
     timings: dict[str, float] = {}

@@ -19,7 +19,7 @@ import torch
 from reasonrl import algos as A
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.stages.common import ModelOpts, SamplingOpts
+from reasonrl.stages.options import ModelOpts, SamplingOpts
 
 
 @dataclass
@@ -50,10 +50,10 @@ class PretrainValueConfig(ModelOpts, SamplingOpts):
         check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
 
 
-def _picture(loop: Any, st: Any, group_size: int) -> dict[str, Any]:
-    from reasonrl.train.trainer import position_metrics
+def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
+    from reasonrl.train.metrics import position_metrics
 
-    loop.advantages(st, group_size=group_size)
+    learner.advantages(st, group_size=group_size)
     vl, _ = A.value_loss(st.values, st.values, st.returns, st.batch.valid)
     m = position_metrics(st)
     m["value_loss"] = float(vl)
@@ -66,13 +66,16 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from rich.console import Console
 
     from reasonrl.data import load_prepared
-    from reasonrl.engines.base import SamplingParams, make_engine
-    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+    from reasonrl.devices import resolve_dtype
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.engines.registry import make_engine
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer, resolve_policy
     from reasonrl.models.value import new_value_model
     from reasonrl.rewards import RewardScorer
-    from reasonrl.train.backend import TorchBackend, resolve_dtype
-    from reasonrl.train.run import resolve_policy
-    from reasonrl.train.trainer import DataStream, Loop, append_jsonl, flatten_metrics, rollout_metrics
+    from reasonrl.train.backend import TorchBackend
+    from reasonrl.train.collector import Collector, DataStream
+    from reasonrl.train.learner import Learner
+    from reasonrl.train.metrics import append_jsonl, flatten_metrics, position_metrics, rollout_metrics
 
     console = console or Console(stderr=True)
     rows = load_prepared(cfg.data, "train")
@@ -95,39 +98,38 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     critic_backend = TorchBackend(critic, lr=cfg.critic_lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
     spec = dataclasses.replace(A.get_algo("vcppo"), lam_actor=cfg.lam_actor, lam_critic=1.0, whiten_advantages=False,
                                dynamic_sampling=False, overlong_filter=False, overlong_penalty=False)
-    engine = make_engine(cfg.engine, str(policy_dir), dtype=cfg.dtype, seed=cfg.seed, batch_size=cfg.gen_batch_size,
-                         max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     scorer = RewardScorer()
     sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
-    mk = lambda rows_: Loop(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(rows_, cfg.seed), policy=policy,  # noqa: E731
-                            policy_backend=None, critic_backend=critic_backend, ref_model=None, sampling=sampling,
-                            max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0, micro_batch_size=cfg.micro_batch_size,
-                            mini_batch_size=cfg.mini_batch_size, ppo_epochs=1, dtype=dtype, seed=cfg.seed)
-    loop, held = mk(rows), mk(val_rows)
+    mk = lambda rows_: Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(rows_, cfg.seed),  # noqa: E731
+                                 sampling=sampling, max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0)
+    collector, held = mk(rows), mk(val_rows)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    learner = Learner(spec=spec, policy=policy, policy_backend=None, critic_backend=critic_backend, ref_model=None, pad_id=pad_id,
+                      max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=cfg.mini_batch_size,
+                      ppo_epochs=1, dtype=dtype, seed=cfg.seed)
     history: list[dict[str, Any]] = []
     try:
         with console.status("sampling the held-out batch"):
             held_col = held.collect(min(cfg.eval_prompts, len(val_rows)), dynamic=False)
-        held_st = held.prepare(held_col.groups)
-        before = _picture(held, held_st, cfg.group_size)
+        held_st = learner.prepare(held_col.groups)
+        before = _picture(learner, held_st, cfg.group_size)
         console.print(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts) | before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
         for step in range(1, cfg.steps + 1):
-            col = loop.collect(cfg.prompts_per_step, dynamic=False)
+            col = collector.collect(cfg.prompts_per_step, dynamic=False)
             if not col.groups:
                 continue
-            st = loop.prepare(col.groups)
-            loop.advantages(st, group_size=cfg.group_size)
-            m = {"step": step, **rollout_metrics(col, st), **loop.update_critic(st)}
+            st = learner.prepare(col.groups)
+            learner.advantages(st, group_size=cfg.group_size)
+            m = {"step": step, **rollout_metrics(col, st), **learner.update_critic(st)}
             critic_backend.scheduler_step()
-            from reasonrl.train.trainer import position_metrics
-
             m.update(position_metrics(st))
             history.append(m)
             append_jsonl(out / "metrics.jsonl", m)
             console.print(f"value step {step}/{cfg.steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
                           f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('acc_mean', 0):.3f}")
-        held_st = held.prepare(held_col.groups)  # values under the trained critic, same responses
-        after = _picture(held, held_st, cfg.group_size)
+        held_st = learner.prepare(held_col.groups)  # values under the trained critic, same responses
+        after = _picture(learner, held_st, cfg.group_size)
     finally:
         scorer.close()
         engine.close()

@@ -8,47 +8,19 @@ DeepSpeed ZeRO backend (``reasonrl.train.ds_backend``) implements the same metho
 
 from __future__ import annotations
 
-import contextlib
 import math
-import platform
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from reasonrl.devices import autocast_ctx
+
 
 def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
     """DAPO's schedule: linear warm-up over ``warmup_steps`` training steps, then constant."""
     return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-
-
-def autocast_ctx(dtype: str) -> Any:
-    if dtype == "bf16":
-        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def hardware_bf16() -> bool:
-    """Whether this machine computes in bf16 natively: CUDA with bf16 support; on x86 CPUs,
-    AVX512-BF16 or AMX (without them bf16 GEMMs are emulated: 1.3 GFLOP/s against 115 for fp32 on
-    this project's CPU machine, ``bench/README.md``); on other CPUs, oneDNN's bf16 support. The one
-    place the trainer, the transformers engine and the vLLM engine decide what "auto" dtype means."""
-    if torch.cuda.is_available():
-        return bool(torch.cuda.is_bf16_supported())
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        return any(bool(getattr(torch.cpu, f, lambda: False)()) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def resolve_dtype(dtype: str) -> str:
-    """"auto" → "bf16" where the hardware computes in bf16 (``hardware_bf16``), else "fp32"."""
-    if dtype != "auto":
-        return dtype
-    return "bf16" if hardware_bf16() else "fp32"
 
 
 class TrainingBackend(Protocol):

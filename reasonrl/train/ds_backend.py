@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from reasonrl.errors import ReasonRLError
-from reasonrl.train.backend import autocast_ctx, warmup_constant
+from reasonrl.devices import autocast_ctx
+from reasonrl.train.backend import warmup_constant
 
 _LAUNCH_HINT = "start with `torchrun --nproc_per_node N -m reasonrl.cli train --backend deepspeed ...` or run one process without launcher variables"
 _STATE_TAG = "state"

@@ -13,7 +13,9 @@ from rich.console import Console
 
 from reasonrl.artifacts import MANIFEST
 from reasonrl.config import build_config
-from reasonrl.data import DAPO_TEMPLATE, BUNDLED, PrepareConfig, load_prepared, print_report, run_prepare
+from reasonrl.data import DAPO_TEMPLATE, load_prepared
+from reasonrl.evaluation.sets import EVAL_SETS
+from reasonrl.stages.prepare_data import PrepareConfig, print_report, run_prepare
 from reasonrl.data.templates import DAPO_PREFIX
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 
@@ -128,7 +130,7 @@ def test_dapo_verl_parquet(tmp_path, shared):
 
 
 def test_zero_rows_kept_says_why(tmp_path, write_jsonl):
-    aime = [json.loads(line) for line in BUNDLED["aime24"].read_text().splitlines()]
+    aime = [json.loads(line) for line in EVAL_SETS["aime24"].paths()[0].read_text().splitlines()]
     write_jsonl(tmp_path / "a.jsonl", aime[:5] + aime[:2])
     with pytest.raises(ReasonRLError, match=r"^0 of 7 rows kept: 5 in aime24, 2 duplicate; the problems belong to evaluation sets"):
         prepare(tmp_path, [tmp_path / "a.jsonl"], decontaminate=["aime24"])
@@ -216,7 +218,7 @@ def test_duplicates_and_split(tmp_path, write_jsonl):
 
 
 def test_decontamination(tmp_path, write_jsonl):
-    aime = [json.loads(line) for line in BUNDLED["aime24"].read_text().splitlines()]
+    aime = [json.loads(line) for line in EVAL_SETS["aime24"].paths()[0].read_text().splitlines()]
     stock = "The probability can be written as $\\frac{m}{n}$, where $m$ and $n$ are relatively prime positive integers. Find $m+n$."
     rows = [
         {"problem": aime[0]["problem"], "answer": aime[0]["answer"]},  # a copy
@@ -343,7 +345,7 @@ def test_config_validation_and_docs():
     cfg = build_config(PrepareConfig, {"inputs": "a.jsonl, b.parquet", "val_size": "3", "max_rows": "none", "integerize": "false", "decontaminate": ""})
     assert (cfg.inputs, cfg.val_size, cfg.max_rows, cfg.integerize, cfg.decontaminate) == (["a.jsonl", "b.parquet"], 3, None, False, [])
     assert PrepareConfig(inputs=["a"]).decontaminate == ["aime24", "aime25", "math500"]
-    assert all(p.is_file() for p in BUNDLED.values())
+    assert all(p.is_file() for s in EVAL_SETS.values() for p in s.paths())
 
 
 def test_print_report(tmp_path, write_jsonl):

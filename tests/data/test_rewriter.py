@@ -16,7 +16,7 @@ def test_keeps_meaning():
 
 
 def test_prepare_with_model_rewriter(tiny_model, tmp_path):
-    from reasonrl.data.prepare import PrepareConfig, run_prepare
+    from reasonrl.stages.prepare_data import PrepareConfig, run_prepare
 
     f = tmp_path / "in.jsonl"
     f.write_text(json.dumps({"problem": "Compute 3/6 + 1/6.", "answer": "\\frac{2}{3}"}) + "\n"

@@ -22,7 +22,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from reasonrl.engines.base import SamplingParams, make_engine  # noqa: E402
+from reasonrl.engines.base import EngineOptions, SamplingParams  # noqa: E402
+from reasonrl.engines.registry import make_engine  # noqa: E402
 from reasonrl.engines.hf import HFEngine  # noqa: E402
 from reasonrl.engines.server import ServerEngine  # noqa: E402
 from reasonrl.errors import ReasonRLError  # noqa: E402
@@ -121,7 +122,7 @@ def test_processed_logprobs_with_temperature(client: ServerEngine, tiny_dir: Pat
 
 
 def test_make_engine_url_and_no_weight_updates(server: str, tiny_dir: Path) -> None:
-    eng = make_engine(server, str(tiny_dir), dtype="fp32", seed=0, batch_size=8)
+    eng = make_engine(EngineOptions(engine=server), str(tiny_dir), seed=0)
     assert isinstance(eng, ServerEngine) and eng.name == "vllm-server"
     assert eng.model == str(tiny_dir)
     with pytest.raises(ReasonRLError, match="restart `vllm serve`"):

@@ -10,8 +10,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from reasonrl.engines.base import SamplingParams, make_engine  # noqa: E402
+from reasonrl.engines.base import EngineOptions, SamplingParams  # noqa: E402
+from reasonrl.engines.registry import make_engine  # noqa: E402
 from reasonrl.engines.hf import HFEngine  # noqa: E402
+from reasonrl.errors import ReasonRLError  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -144,21 +146,23 @@ def test_seeded_sampling_with_more_prompt_tokens_than_one_step(engine) -> None:
 
 
 def test_auto_dtype_follows_the_hardware() -> None:
-    from reasonrl.engines.vllm_engine import auto_dtype
+    from reasonrl.devices import vllm_dtype
 
     want = "bfloat16" if (torch.cuda.is_available() or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()) else "float32"
-    assert auto_dtype() == want
+    assert vllm_dtype("auto") == want
 
 
-def test_make_engine_builds_vllm_and_ignores_unknown_kwargs(tiny_dir, prompts, engine) -> None:
+def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_dir, prompts, engine) -> None:
     """A second engine in the same process after the first closes; max_model_len is capped to the
-    model's 1024 positions; batch_size (an HF option) is accepted and ignored; building the engine
-    leaves torch's RNG state and torch.set_num_threads as they were."""
+    model's 1024 positions; an option another engine reads (gen_batch_size: hf) is an error, not
+    ignored; building the engine leaves torch's RNG state and torch.set_num_threads as they were."""
     engine.close()  # (the module fixture's engine; close is idempotent)
     set_num_threads = torch.set_num_threads
     torch.manual_seed(123)
     rng = torch.get_rng_state()
-    eng = make_engine("vllm", str(tiny_dir), dtype="fp32", seed=0, max_model_len=4096, batch_size=8, unknown=1)
+    with pytest.raises(ReasonRLError, match="--gen-batch-size does not apply to the vllm engine"):
+        make_engine(EngineOptions(engine="vllm", dtype="fp32", gen_batch_size=8), str(tiny_dir), seed=0)
+    eng = make_engine(EngineOptions(engine="vllm", dtype="fp32"), str(tiny_dir), seed=0, max_model_len=4096)
     try:
         # vLLM's in-process side effects are undone: the trainer's RNG state and set_num_threads
         assert torch.equal(torch.get_rng_state(), rng)

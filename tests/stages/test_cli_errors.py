@@ -75,10 +75,10 @@ def test_shipped_recipes_parse():
     from pathlib import Path
 
     from reasonrl.config import build_config, load_recipe, recipe_layer
-    from reasonrl.data.prepare import PrepareConfig
-    from reasonrl.stages.evaluate import EvalConfig
+    from reasonrl.stages.prepare_data import PrepareConfig
+    from reasonrl.stages.eval import EvalConfig
     from reasonrl.stages.pretrain_value import PretrainValueConfig
-    from reasonrl.train.config import TrainConfig
+    from reasonrl.stages.train import TrainConfig
 
     kinds = {"prepare-data": PrepareConfig, "pretrain-value": PretrainValueConfig, "train": TrainConfig, "eval": EvalConfig}
     files = sorted((Path(__file__).resolve().parents[2] / "stages").glob("*.toml"))

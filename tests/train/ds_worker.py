@@ -1,8 +1,8 @@
 """Fixed-rollout update check for the training backends (run by tests/train/test_deepspeed.py).
 
 Every process builds the same synthetic batch of GRPO groups (fixed prompts, responses and
-rewards: no sampling), keeps its share of the groups (``groups[rank::world]``, as ``Loop.collect``
-shares prompts), and runs the real ``Loop`` update: ``prepare`` (old log-probs from the current
+rewards: no sampling), keeps its share of the groups (``groups[rank::world]``, as ``Collector.collect``
+shares prompts), and runs the real ``Learner`` update: ``prepare`` (old log-probs from the current
 policy) → ``advantages`` → ``update_policy`` → ``scheduler_step``, for ``--steps`` steps. After
 step ``steps - 1`` it saves the model and the backend state, and at the end it resumes from them
 into a fresh model + backend and redoes the last step. Rank 0 writes everything to ``--out``.
@@ -25,7 +25,7 @@ HPARAMS = dict(lr=2e-3, weight_decay=0.1, grad_clip=0.5, warmup_steps=2)
 
 
 def fixed_groups(vocab: int, seed: int = 0) -> list[list[Any]]:
-    from reasonrl.rollout import Sample
+    from reasonrl.samples import Sample
 
     rng = random.Random(seed)
     groups = []
@@ -52,14 +52,12 @@ def make_backend(kind: str, model: torch.nn.Module, zero: int, offload: bool) ->
     return DeepSpeedBackend(model, dtype="fp32", zero=zero, offload=offload, micro_batch_size=MICRO, **HPARAMS)
 
 
-def make_loop(model: torch.nn.Module, backend: Any, tok: Any, rank: int, world: int, n_local: int) -> Any:
+def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, world: int, n_local: int) -> Any:
     from reasonrl.algos import get_algo
-    from reasonrl.engines.base import SamplingParams
-    from reasonrl.train.trainer import Loop
+    from reasonrl.train.learner import Learner
 
-    return Loop(spec=get_algo("grpo"), engine=None, tokenizer=tok, scorer=None, stream=None, policy=model, policy_backend=backend, critic_backend=None,
-                ref_model=None, sampling=SamplingParams(n=GROUP_SIZE, max_tokens=16), max_prompt_len=16, overlong_cache_len=4, micro_batch_size=MICRO,
-                mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, rank=rank, world_size=world)
+    return Learner(spec=get_algo("grpo"), policy=model, policy_backend=backend, critic_backend=None, ref_model=None, pad_id=tok.pad_token_id,
+                   max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, rank=rank, world=world)
 
 
 def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:
@@ -85,7 +83,7 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
     model = load_causal_lm(model_dir)
     backend = make_backend(kind, model, zero, offload)
     partitioned = all(p.numel() == 0 for p in backend.model.parameters())  # ZeRO-3: each rank holds only its shard
-    loop = make_loop(backend.model, backend, tok, rank, world, n_local)
+    loop = make_learner(backend.model, backend, tok, rank, world, n_local)
     metrics = []
     ckpt = work / "ckpt"
     for step in range(1, steps + 1):
@@ -98,7 +96,7 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
     model2 = load_causal_lm(ckpt / "policy")
     backend2 = make_backend(kind, model2, zero, offload)
     backend2.load_state(ckpt / "state")
-    loop2 = make_loop(backend2.model, backend2, tok, rank, world, n_local)
+    loop2 = make_learner(backend2.model, backend2, tok, rank, world, n_local)
     resumed = train_step(loop2, groups)
     resumed_weights = backend2.full_state_dict()
     if rank != 0:

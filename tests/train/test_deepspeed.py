@@ -145,7 +145,7 @@ def test_init_distributed_single_process_and_bad_env(tmp_path):
 # ---------------------------------------------------------------- the CLI under torchrun
 @pytest.fixture(scope="module")
 def toy_data(toy_data_file, tmp_path_factory) -> Path:
-    from reasonrl.data.prepare import PrepareConfig, run_prepare
+    from reasonrl.stages.prepare_data import PrepareConfig, run_prepare
 
     out = tmp_path_factory.mktemp("ds_data") / "data"
     run_prepare(PrepareConfig(inputs=[str(toy_data_file)], out=str(out), template="none", decontaminate=[]))

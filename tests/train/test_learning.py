@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def toy_data(tmp_path_factory):
-    from reasonrl.data.prepare import PrepareConfig, run_prepare
+    from reasonrl.stages.prepare_data import PrepareConfig, run_prepare
 
     d = tmp_path_factory.mktemp("learn")
     f = d / "toy.jsonl"
@@ -30,8 +30,8 @@ def toy_data(tmp_path_factory):
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo"])
 def test_reward_rises(algo, format_model, toy_data, tmp_path):
-    from reasonrl.train.config import TrainConfig
-    from reasonrl.train.run import run_train
+    from reasonrl.stages.train import TrainConfig
+    from reasonrl.stages.train import run_train
 
     cfg = TrainConfig(model=str(format_model), data=str(toy_data), out=str(tmp_path / algo), algo=algo, steps=8, prompts_per_step=8,
                       group_size=8, max_response_len=8, overlong_cache_len=2, engine="hf", dtype="fp32", lr=2e-3, mini_batch_size=32,

@@ -1,6 +1,6 @@
-"""Rollouts: G responses per prompt from the generation engine, decoded, scored, recorded.
+"""Samples: G responses per prompt from the generation engine, decoded, scored, recorded.
 
-`reasonrl rollout` and every training step use this same code. A rollout record holds the prompt,
+`reasonrl rollout`, `reasonrl eval` and every training step use this same code. A rollout record holds the prompt,
 the response text and token ids, the sampling logprobs, the finish reason, whether it was
 truncated, the rule reward, correctness and the group id; ``write_rollouts`` stores them as parquet.
 """

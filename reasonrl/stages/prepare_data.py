@@ -1,4 +1,4 @@
-"""The prepare-data stage: math data sets in, verl-format train/validation parquet out.
+"""`reasonrl prepare-data`: math data sets in, verl-format train/validation parquet out.
 
 Steps: read the inputs (jsonl, json, parquet, verl RL parquet, saved ``datasets`` directories) ->
 map fields to (problem, answer) -> make every answer an integer (:func:`integerize`; with
@@ -23,20 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.artifacts import MANIFEST, prepare_out_dir, read_manifest, write_json, write_manifest
+from reasonrl.artifacts import MANIFEST, prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.data.decontaminate import EvalIndex, normalise_text
+from reasonrl.data.prepared import SPLITS, STAGE
 from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
 from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
 from reasonrl.data.templates import ALL_TEMPLATES, messages_for
-from reasonrl.errors import MissingArtifactError, ReasonRLError
-from reasonrl.paths import DATA
+from reasonrl.errors import ReasonRLError
 
-STAGE = "prepare-data"
-SPLITS = ("train", "validation")
-BUNDLED_DIR = DATA  # the repository's data/ folder
-#: Evaluation sets shipped with the package, usable by name in ``decontaminate``.
-BUNDLED = {"aime24": BUNDLED_DIR / "aime24.jsonl", "aime25": BUNDLED_DIR / "aime25.jsonl", "math500": BUNDLED_DIR / "math500.jsonl"}
 MAX_BAD_ROWS_LISTED = 50
 
 
@@ -51,7 +46,7 @@ class PrepareConfig:
     val_fraction: float = opt(0.05, help="Fraction of the kept rows held out for validation (at least 1 row when > 0 and 2+ rows are kept); ignored when val_size is set.")
     val_size: int | None = opt(None, help="Exact number of validation rows (overrides val_fraction).")
     seed: int = opt(0, help="Seed of the deterministic train/validation split.")
-    decontaminate: list[str] = opt(["aime24", "aime25", "math500"], help="Evaluation sets whose problems are removed from the data: bundled names (aime24, aime25, math500) or .jsonl/.json/.parquet paths; [] to skip.")
+    decontaminate: list[str] = opt(["aime24", "aime25", "math500"], help="Evaluation sets whose problems are removed from the data: names from the eval-set registry (aime, aime24, aime25, gsm8k, math500) or .jsonl/.json/.parquet paths; [] to skip.")
     ngram: int = opt(13, help="Word n-gram size for decontamination over normalised text (problems shorter than n words are compared whole).")
     min_overlap: float = opt(0.3, help="A problem is contaminated when the n-grams it shares with one evaluation problem cover this fraction of the shorter one's n-grams (a copy shares all; stock phrases like 'where m and n are relatively prime positive integers' share under 10%).")
     max_rows: int | None = opt(None, help="Read at most this many rows from the inputs (all when unset).")
@@ -86,23 +81,25 @@ class _Row:
     item: IntegerProblem
 
 
-def _resolve_eval(name: str) -> tuple[str, Path]:
-    if name in BUNDLED:
-        return name, BUNDLED[name]
+def _resolve_eval(name: str) -> tuple[str, list[Path]]:
+    from reasonrl.evaluation.sets import EVAL_SETS
+
+    if name in EVAL_SETS:
+        return name, EVAL_SETS[name].paths()
     p = Path(name)
     if not p.exists():
-        known = ", ".join(BUNDLED)
+        known = ", ".join(EVAL_SETS)
         raise ReasonRLError(f"decontamination set {name} not found: pass a .jsonl/.json/.parquet path or one of {known} (or [] to skip)")
-    return p.stem, p
+    return p.stem, [p]
 
 
-def _load_eval_index(cfg: PrepareConfig) -> tuple[EvalIndex, dict[str, Path]]:
+def _load_eval_index(cfg: PrepareConfig) -> tuple[EvalIndex, dict[str, list[Path]]]:
     index = EvalIndex(cfg.ngram, cfg.min_overlap)
-    paths: dict[str, Path] = {}
+    paths: dict[str, list[Path]] = {}
     for entry in cfg.decontaminate:
-        name, path = _resolve_eval(entry)
+        name, set_paths = _resolve_eval(entry)
         problems: list[str] = []
-        for f in input_files(path):
+        for f in (f for p in set_paths for f in input_files(p)):
             for rec in read_records(f, skip_bad_rows=True, bad=[]):
                 try:
                     problems.append(extract_fields(rec, problem_field=None, answer_field=None).problem)
@@ -113,7 +110,7 @@ def _load_eval_index(cfg: PrepareConfig) -> tuple[EvalIndex, dict[str, Path]]:
         if not problems:
             raise ReasonRLError(f"decontamination set {entry} holds no problems: pass a file with a problem/question field")
         index.add(name, problems)
-        paths[name] = path
+        paths[name] = set_paths
     return index, paths
 
 
@@ -347,7 +344,7 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         "duplicates": duplicates,
         "duplicates_with_other_answer": conflicting,
         "contaminated": {name: contaminated.get(name, 0) for name in eval_paths},
-        "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: str(v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
+        "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: ", ".join(str(p) for p in v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
         "integerize": cfg.integerize,
         "template": cfg.template,
         "rewriter": rewriter is not None,
@@ -366,7 +363,7 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         _write_parquet(out / f"{split}.parquet", split_rows[split])
     write_json(out / "report.json", report)
     inputs: dict[str, str | Path | None] = {f"input{i}": f for i, (_, f) in enumerate(files)}
-    inputs.update({f"decontaminate:{k}": v for k, v in eval_paths.items()})
+    inputs.update({f"decontaminate:{k}:{p.name}": p for k, v in eval_paths.items() for p in v})
     write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
     return report
 
@@ -375,27 +372,6 @@ def _sample(store: dict[str, list[Any]], key: str, value: Any, limit: int) -> No
     lst = store.setdefault(key, [])
     if len(lst) < limit:
         lst.append(value)
-
-
-def load_prepared(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
-    """The rows of a prepare-data output (``split`` is "train" or "validation"), verl-format dicts.
-
-    ``path`` is the stage's output directory (it must hold a manifest), or a verl-format
-    ``.parquet`` file made elsewhere (DAPO-Math-17k, for instance).
-    """
-    import pyarrow.parquet as pq
-
-    check(split in SPLITS, f"split must be one of {', '.join(SPLITS)}, got '{split}'")
-    p = Path(path)
-    if p.is_file() and p.suffix == ".parquet":
-        return pq.read_table(p).to_pylist()
-    if not p.exists():
-        raise MissingArtifactError(f"{p} not found: run `reasonrl prepare-data` first")
-    read_manifest(p, stage=STAGE, hint="reasonrl prepare-data")
-    f = p / f"{split}.parquet"
-    if not f.is_file():
-        raise MissingArtifactError(f"{f} not found: run `reasonrl prepare-data` again")
-    return pq.read_table(f).to_pylist()
 
 
 def print_report(report: dict[str, Any], console: Any = None) -> None:

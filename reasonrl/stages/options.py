@@ -1,4 +1,5 @@
-"""Options shared by the stages that generate (rollout, pretrain-value, train, eval)."""
+"""Options shared by the stages that generate (rollout, pretrain-value, train, eval), and the
+engine + tokenizer + scorer they open together."""
 
 from __future__ import annotations
 
@@ -7,19 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.config import check, opt
+from reasonrl.engines.base import EngineOptions
 
 
 @dataclass
-class ModelOpts:
-    model: str = opt("default", "Policy: an HF model directory, or 'default' for the embedded SmolLM2-135M-Instruct.")
-    engine: str = opt("auto", "Generation engine: 'vllm', 'hf' (transformers), 'auto' (vLLM when installed), or a vLLM server URL.")
-    dtype: str = opt("auto", "Compute dtype: 'auto' (bf16 where the hardware has it), 'bf16' or 'fp32'.")
+class ModelOpts(EngineOptions):
+    model: str = opt("default", "Policy: an HF model directory, a finished train run, or 'default' for the embedded SmolLM2-135M-Instruct.")
     seed: int = opt(0, "Random seed (data order, sampling, initialisation).")
-    gen_batch_size: int = opt(64, "Rows decoded together by the transformers engine (memory vs speed).")
 
     def _check_model(self) -> None:
-        check(self.dtype in ("auto", "bf16", "fp32"), f"dtype must be auto, bf16 or fp32, got '{self.dtype}'")
-        check(self.gen_batch_size >= 1, "gen_batch_size must be >= 1")
+        self._check_engine()
 
 
 @dataclass
@@ -54,13 +52,11 @@ class Generation:
 
 
 def open_generation(cfg: Any, model_dir: Path | None = None) -> Generation:
-    from reasonrl.engines.base import make_engine
-    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.engines.registry import make_engine
+    from reasonrl.models.loading import load_tokenizer, resolve_policy
     from reasonrl.rewards import RewardScorer
-    from reasonrl.train.run import resolve_policy
 
     md = model_dir or resolve_policy(cfg.model)
     tok = load_tokenizer(md)
-    engine = make_engine(cfg.engine, str(md), dtype=cfg.dtype, seed=cfg.seed, batch_size=cfg.gen_batch_size,
-                         max_model_len=getattr(cfg, "max_prompt_len", 1024) + cfg.max_response_len)
+    engine = make_engine(cfg, str(md), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     return Generation(engine, tok, RewardScorer(), md)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.stages.common import ModelOpts, SamplingOpts, open_generation
+from reasonrl.stages.options import ModelOpts, SamplingOpts, open_generation
 
 
 @dataclass
@@ -33,7 +32,7 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
 
     from reasonrl.data import load_prepared
     from reasonrl.engines.base import SamplingParams
-    from reasonrl.rollout import generate_rollouts, write_rollouts
+    from reasonrl.samples import generate_rollouts, write_rollouts
 
     console = console or Console(stderr=True)
     rows = load_prepared(cfg.data, cfg.split)

@@ -1,4 +1,4 @@
-"""`reasonrl eval aime|aime24|aime25|gsm8k|math500|file`: n samples per problem, scored by rule.
+"""`reasonrl eval SET|file` (sets: ``reasonrl.evaluation.sets.EVAL_SETS``): n samples per problem, scored by rule.
 
 Reports avg@n (mean accuracy over all samples = pass@1 estimated from n), pass@k (unbiased
 estimator; k = 1, 8, n) and maj@n (majority vote of the extracted answers), each with a percentile
@@ -16,18 +16,8 @@ from typing import Any
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.errors import ReasonRLError
-from reasonrl.paths import bundled
-from reasonrl.stages.common import ModelOpts
-
-#: name → (description, bundled files under data/)
-EVAL_SETS: dict[str, tuple[str, list[str]]] = {
-    "aime": ("AIME 2024 + AIME 2025 (60 problems, bundled in data/)", ["aime24.jsonl", "aime25.jsonl"]),
-    "aime24": ("AIME 2024 (30 problems)", ["aime24.jsonl"]),
-    "aime25": ("AIME 2025 (30 problems)", ["aime25.jsonl"]),
-    "gsm8k": ("the GSM8K test set (1319 problems)", ["gsm8k_test.jsonl"]),
-    "math500": ("MATH-500 (500 problems; non-integer answers through math-verify)", ["math500.jsonl"]),
-}
-
+from reasonrl.evaluation.sets import EVAL_SETS
+from reasonrl.stages.options import ModelOpts
 
 @dataclass
 class EvalConfig(ModelOpts):
@@ -63,10 +53,7 @@ def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
     from reasonrl.data.templates import messages_for
 
     if dataset in EVAL_SETS:
-        paths = [bundled(f) for f in EVAL_SETS[dataset][1]]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise ReasonRLError(f"bundled eval data missing ({', '.join(missing)}): restore data/ from the repository")
+        paths = EVAL_SETS[dataset].paths()
     else:
         p = Path(dataset)
         if p.is_dir() and (p / "validation.parquet").is_file():
@@ -102,8 +89,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
 
     from reasonrl.engines.base import SamplingParams
     from reasonrl.evaluation.metrics import summarize
-    from reasonrl.rollout import generate_rollouts
-    from reasonrl.stages.common import open_generation
+    from reasonrl.samples import generate_rollouts
+    from reasonrl.stages.options import open_generation
 
     console = console or Console(stderr=True)
     rows = load_problems(cfg.dataset, cfg.template)

@@ -1,0 +1,34 @@
+"""Reading a prepare-data output (or any verl-format RL parquet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reasonrl.artifacts import read_manifest
+from reasonrl.config import check
+from reasonrl.errors import MissingArtifactError
+
+STAGE = "prepare-data"
+SPLITS = ("train", "validation")
+
+
+def load_prepared(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
+    """The rows of a prepare-data output (``split`` is "train" or "validation"), verl-format dicts.
+
+    ``path`` is the stage's output directory (it must hold a manifest), or a verl-format
+    ``.parquet`` file made elsewhere (DAPO-Math-17k, for instance).
+    """
+    import pyarrow.parquet as pq
+
+    check(split in SPLITS, f"split must be one of {', '.join(SPLITS)}, got '{split}'")
+    p = Path(path)
+    if p.is_file() and p.suffix == ".parquet":
+        return pq.read_table(p).to_pylist()
+    if not p.exists():
+        raise MissingArtifactError(f"{p} not found: run `reasonrl prepare-data` first")
+    read_manifest(p, stage=STAGE, hint="reasonrl prepare-data")
+    f = p / f"{split}.parquet"
+    if not f.is_file():
+        raise MissingArtifactError(f"{f} not found: run `reasonrl prepare-data` again")
+    return pq.read_table(f).to_pylist()

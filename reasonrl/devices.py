@@ -1,0 +1,72 @@
+"""Devices and dtypes: the one place that decides what "auto" means and names each dtype.
+
+Every component (trainer, transformers engine, vLLM engine) takes a dtype name from the CLI
+(``auto``, ``bf16``, ``fp16``, ``fp32``) and asks this module for what it needs: the resolved
+name (:func:`resolve_dtype`), the torch dtype (:func:`torch_dtype`) or vLLM's spelling
+(:func:`vllm_dtype`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from typing import Any
+
+#: Accepted spellings → canonical name.
+DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "fp32": "fp32", "float32": "fp32"}
+_TORCH = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def hardware_bf16() -> bool:
+    """Whether this machine computes in bf16 natively: CUDA with bf16 support; on x86 CPUs,
+    AVX512-BF16 or AMX (without them bf16 GEMMs are emulated: 1.3 GFLOP/s against 115 for fp32 on
+    this project's CPU machine, ``bench/README.md``); on other CPUs, oneDNN's bf16 support."""
+    import torch
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return any(bool(getattr(torch.cpu, f, lambda: False)()) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def resolve_dtype(name: str) -> str:
+    """A dtype name → "bf16", "fp16" or "fp32"; "auto" is "bf16" where the hardware computes in
+    bf16 (:func:`hardware_bf16`), else "fp32". Unknown names: ValueError naming the valid ones."""
+    if name == "auto":
+        return "bf16" if hardware_bf16() else "fp32"
+    try:
+        return DTYPE_NAMES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype '{name}': use auto, bf16, fp16 or fp32") from None
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a dtype name ("auto" resolved)."""
+    import torch
+
+    return getattr(torch, _TORCH[resolve_dtype(name)])
+
+
+def vllm_dtype(name: str) -> str:
+    """vLLM's spelling of a dtype name ("auto" resolved): "bfloat16", "float16" or "float32"."""
+    return _TORCH[resolve_dtype(name)]
+
+
+def autocast_ctx(dtype: str) -> Any:
+    """bf16 autocast on the current device when ``dtype`` resolves to bf16, else a no-op."""
+    import torch
+
+    if resolve_dtype(dtype) == "bf16":
+        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def default_device() -> str:
+    """This process's device: its current CUDA device when there is one, else "cpu"."""
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"

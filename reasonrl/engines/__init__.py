@@ -1,0 +1,1 @@
+"""Generation engines: the interface (``base``), one module per engine, the registry (``registry``)."""

@@ -1,0 +1,261 @@
+"""`reasonrl train`: on-policy RL with any `--algo` row (ppo, vcppo, grpo, dapo, ...).
+
+Set up the models, backends, engine and data, then run ``reasonrl.train.step.train_step`` once per
+step with checkpoints; write the final policy, ``summary.json`` and the manifest last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reasonrl import algos as A
+from reasonrl.artifacts import prepare_out_dir, read_manifest, write_json, write_manifest
+from reasonrl.config import check, opt, to_dict
+from reasonrl.devices import default_device, resolve_dtype
+from reasonrl.errors import MissingArtifactError, ReasonRLError
+from reasonrl.stages.options import ModelOpts, SamplingOpts
+from reasonrl.train.backend import TorchBackend
+
+BACKENDS = ("torch", "deepspeed")
+
+
+@dataclass
+class TrainConfig(ModelOpts, SamplingOpts):
+    data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
+    out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
+    algo: str = opt("dapo", "Algorithm row: ppo, vcppo, grpo or dapo (see the --algo table in the README).")
+    critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo); ppo starts a fresh one from the policy when omitted.")
+    steps: int = opt(20, "Training steps (each: rollout, rewards, filtering, advantages, updates).")
+    prompts_per_step: int = opt(16, "Prompts per training step over all processes (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
+    oversample: float = opt(1.0, "Dynamic sampling: each generation round samples ceil(oversample × still-needed) prompts.")
+    max_gen_rounds: int = opt(10, "Dynamic sampling: cap on generation rounds per step; then train on what was kept (reported).")
+    mini_batch_size: int = opt(64, "Responses per optimizer update over all processes: a step makes ceil(batch / mini_batch_size) × ppo_epochs updates.")
+    micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process (gradient accumulation inside a mini-batch).")
+    ppo_epochs: int = opt(1, "Passes over the step's batch.")
+    lr: float = opt(1e-6, "Policy learning rate (AdamW; DAPO: 1e-6).")
+    critic_lr: float = opt(1e-5, "Critic learning rate.")
+    warmup_steps: int = opt(0, "Linear LR warm-up, in training steps (DAPO: 20), then constant.")
+    weight_decay: float = opt(0.1, "AdamW weight decay.")
+    grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
+    eps_low: float | None = opt(None, "Lower clip ε (default: the algo's row).")
+    eps_high: float | None = opt(None, "Upper clip ε (default: the algo's row; DAPO 0.28).")
+    dual_clip: float | None = opt(None, "Dual-clip constant c for negative advantages (e.g. 3.0; off by default).")
+    loss_agg: str | None = opt(None, "Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm (default: the algo's row).")
+    kl_coef: float | None = opt(None, "KL penalty coefficient against the initial policy, in the loss (default: the algo's row; DAPO 0).")
+    lam_actor: float | None = opt(None, "GAE λ for the actor's advantages (default: the algo's row).")
+    lam_critic: float | None = opt(None, "GAE λ for the critic's targets (default: the algo's row).")
+    overlong_cache_len: int | None = opt(None, "Soft overlong punishment buffer L_cache (DAPO: 4096 of 20480): punishment starts at max_response_len − overlong_cache_len; default max_response_len // 5, the paper's ratio.")
+    backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
+    zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
+    offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
+    save_every: int = opt(0, "Save a checkpoint every N steps (0: only at the end).")
+    keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
+    resume: bool = opt(False, "Continue from the latest checkpoint in out/.")
+    overwrite: bool = opt(False, "Replace a finished run in out/.")
+    log_every: int = opt(1, "Print a metrics line every N steps.")
+
+    def __post_init__(self) -> None:
+        self._check_model()
+        self._check_sampling()
+        from reasonrl.algos import ALGOS
+
+        check(self.algo in ALGOS, f"unknown --algo '{self.algo}': choose one of {', '.join(ALGOS)}")
+        check(self.steps >= 1, "steps must be >= 1")
+        check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
+        check(self.mini_batch_size >= 1 and self.micro_batch_size >= 1, "mini_batch_size and micro_batch_size must be >= 1")
+        check(self.micro_batch_size <= self.mini_batch_size, f"micro_batch_size ({self.micro_batch_size}) cannot exceed mini_batch_size ({self.mini_batch_size}): lower --micro-batch-size")
+        check(self.ppo_epochs >= 1, "ppo_epochs must be >= 1")
+        check(self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0")
+        check(self.oversample >= 1.0, "oversample must be >= 1.0")
+        check(self.max_gen_rounds >= 1, "max_gen_rounds must be >= 1")
+        if self.overlong_cache_len is None:
+            self.overlong_cache_len = self.max_response_len // 5
+        check(0 <= self.overlong_cache_len < self.max_response_len, f"overlong_cache_len must be in [0, max_response_len={self.max_response_len})")
+        check(self.backend in BACKENDS, f"backend must be one of {BACKENDS}, got '{self.backend}'")
+        check(self.zero in (0, 1, 2, 3), "zero must be 0, 1, 2 or 3")
+        check(not (self.resume and self.overwrite), "--resume and --overwrite conflict: choose one")
+        for name in ("eps_low", "eps_high"):
+            v = getattr(self, name)
+            check(v is None or 0 <= v < 1, f"{name} must be in [0, 1)")
+        check(self.dual_clip is None or self.dual_clip > 1, "dual_clip must be > 1 (DAPO/VC-PPO use 3)")
+        if self.loss_agg is not None:
+            from reasonrl.algos import AGG_MODES
+
+            check(self.loss_agg in AGG_MODES, f"loss_agg must be one of {', '.join(AGG_MODES)}")
+        world = int(os.environ.get("WORLD_SIZE", "1")) if self.backend == "deepspeed" else 1
+        check(self.mini_batch_size % world == 0, f"mini_batch_size ({self.mini_batch_size}) must be divisible by the number of processes ({world})")
+        check(self.micro_batch_size <= self.mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({self.mini_batch_size // world})")
+        check(self.save_every >= 0 and self.log_every >= 1, "save_every must be >= 0 and log_every >= 1")
+
+
+def algo_spec(cfg: TrainConfig) -> A.AlgoSpec:
+    """The algo's row with the config's explicit overrides applied."""
+    spec = A.get_algo(cfg.algo)
+    over = {k: getattr(cfg, k) for k in ("eps_low", "eps_high", "dual_clip", "loss_agg", "kl_coef", "lam_actor", "lam_critic") if getattr(cfg, k) is not None}
+    return dataclasses.replace(spec, **over) if over else spec
+
+
+def critic_dir(path: str | Path) -> Path:
+    """Accept a `pretrain-value` output directory (critic in critic/) or a critic HF directory."""
+    p = Path(path)
+    if not p.exists():
+        raise MissingArtifactError(f"critic {p} not found: run `reasonrl pretrain-value --out {p}` first")
+    if (p / "critic" / "config.json").is_file():
+        read_manifest(p, stage="pretrain-value", hint=f"reasonrl pretrain-value --out {p}")
+        return p / "critic"
+    if (p / "config.json").is_file():
+        return p
+    raise MissingArtifactError(f"{p} holds no critic: run `reasonrl pretrain-value --out {p}` first")
+
+
+def make_backend(cfg: TrainConfig, model: torch.nn.Module, lr: float, dtype: str) -> Any:
+    if cfg.backend == "deepspeed":
+        from reasonrl.train.ds_backend import DeepSpeedBackend
+
+        return DeepSpeedBackend(model, lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps,
+                                dtype=dtype, zero=cfg.zero, offload=cfg.offload, micro_batch_size=cfg.micro_batch_size)
+    return TorchBackend(model, lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
+
+
+def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
+    from rich.console import Console
+
+    from reasonrl.data import load_prepared
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.engines.registry import make_engine
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer, resolve_policy
+    from reasonrl.rewards import RewardScorer
+    from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint
+    from reasonrl.train.collector import Collector, DataStream
+    from reasonrl.train.learner import Learner
+    from reasonrl.train.metrics import append_jsonl, flatten_metrics, log_line
+    from reasonrl.train.step import train_step
+
+    console = console or Console(stderr=True)
+    spec = algo_spec(cfg)
+    out = Path(cfg.out)
+    # Validate every input before anything is written.
+    rows = load_prepared(cfg.data, "train")
+    if not rows:
+        raise ReasonRLError(f"{cfg.data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
+    policy_dir = resolve_policy(cfg.model)
+    cdir: Path | None = None
+    if spec.use_critic:
+        if cfg.critic:
+            cdir = critic_dir(cfg.critic)
+        elif spec.pretrained_critic_required:
+            raise MissingArtifactError(f"--algo {cfg.algo} needs a pretrained critic: run `reasonrl pretrain-value` first and pass --critic runs/critic")
+    elif cfg.critic:
+        console.print(f"[yellow]note: --algo {cfg.algo} uses no critic; --critic is ignored[/]")
+
+    rank, world = 0, 1
+    if cfg.backend == "deepspeed":
+        from reasonrl.train.ds_backend import init_distributed
+
+        rank, world = init_distributed()
+    ckpt = None
+    if cfg.resume:
+        ckpt = latest_checkpoint(out)
+        if ckpt is None:
+            raise ReasonRLError(f"--resume: no checkpoint in {out}/checkpoints: run without --resume (or check --out)")
+    elif rank == 0:
+        prepare_out_dir(out, overwrite=cfg.overwrite)
+        for sub in ("checkpoints", "rollouts", "policy"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    if world > 1:
+        torch.distributed.barrier()
+
+    random.seed(cfg.seed + rank)
+    torch.manual_seed(cfg.seed)
+    dtype = resolve_dtype(cfg.dtype)
+    tok = load_tokenizer(policy_dir)
+    device = default_device()
+    policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir, device=device)
+    policy.config.use_cache = False
+    ref = load_causal_lm(policy_dir, device=device).eval() if spec.kl_coef > 0 else None
+    critic_backend = None
+    if spec.use_critic:
+        from reasonrl.models.value import load_value_model, new_value_model
+
+        critic = load_value_model(ckpt / "critic") if ckpt else (load_value_model(cdir) if cdir else new_value_model(policy_dir, seed=cfg.seed))
+        critic = critic.to(device)
+        critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
+    policy_backend = make_backend(cfg, policy, cfg.lr, dtype)
+    stream = DataStream(rows, cfg.seed)
+    start = 0
+    if ckpt:
+        st = json.loads((ckpt / "trainer_state.json").read_text())
+        start = int(st["step"])
+        stream.load(st["data"])
+        policy_backend.load_state(ckpt / "policy_state")
+        if critic_backend is not None:
+            critic_backend.load_state(ckpt / "critic_state")
+        rng = torch.load(ckpt / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        console.print(f"resumed from {ckpt} (step {start})")
+
+    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed + rank, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+    if ckpt:
+        engine.update_weights(policy_backend.full_state_dict())
+    sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
+    scorer = RewardScorer()
+    collector = Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, sampling=sampling,
+                          max_prompt_len=cfg.max_prompt_len, overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample,
+                          max_rounds=cfg.max_gen_rounds, rank=rank, world=world)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    learner = Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref, pad_id=pad_id,
+                      max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
+                      ppo_epochs=cfg.ppo_epochs, dtype=dtype, seed=cfg.seed + start, rank=rank, world=world)
+    if rank == 0:
+        write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
+        console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
+    history: list[dict[str, Any]] = []
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=console, disable=rank != 0, transient=True)
+    task = progress.add_task(f"--algo {cfg.algo}", total=cfg.steps, completed=start)
+    try:
+        progress.start()
+        for step in range(start + 1, cfg.steps + 1):
+            m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size)
+            samples = m.pop("_samples", [])
+            history.append(m)
+            progress.advance(task)
+            if rank == 0:
+                append_jsonl(out / "metrics.jsonl", m)
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    progress.console.print(log_line(step, cfg.steps, m))
+                if cfg.keep_rollouts:
+                    from reasonrl.samples import write_rollouts
+
+                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", samples, step=step)
+            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+                save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
+                                data_state=stream.state(), rank=rank, world=world)
+    finally:
+        progress.stop()
+        scorer.close()
+        engine.close()
+    if rank == 0:
+        final = out / "checkpoints" / f"step_{cfg.steps}" / "policy"
+        if (out / "policy").exists():
+            shutil.rmtree(out / "policy")
+        shutil.copytree(final, out / "policy")
+        summary = {"steps": cfg.steps, "last": flatten_metrics(history[-1]) if history else {}}
+        write_json(out / "summary.json", summary)
+        write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},
+                       extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", "checkpoints/", "summary.json"]})
+    if world > 1:
+        torch.distributed.barrier()
+    return {"history": history, "out": str(out)}

@@ -1,0 +1,1 @@
+"""The learning machinery behind `reasonrl train` and `reasonrl pretrain-value`: collector, learner, batches, backends, checkpoints."""

@@ -1,0 +1,228 @@
+"""Learning from a collected batch: prepare → advantages → critic and policy updates.
+
+The order is the papers': old log-probabilities recomputed by the trained model (never the
+sampler's) and old values; advantages (GAE / decoupled GAE with the critic, or group-relative);
+mini-batch updates of the critic and of the policy with the algo's loss and aggregation. Which
+components run is decided by the algo's row (``reasonrl.algos.ALGOS``), never by its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reasonrl import algos as A
+from reasonrl.algos.metrics import clipfrac_by_prob_bucket
+from reasonrl.devices import autocast_ctx
+from reasonrl.samples import Sample
+from reasonrl.train.batch import Batch, build_batch, response_logits, response_values
+
+
+@dataclass
+class StepTensors:
+    """Everything the updates need for one step's batch (B responses, T response tokens)."""
+
+    batch: Batch
+    old_logp: torch.Tensor  # (B, T)
+    entropy: torch.Tensor  # (B, T)
+    rewards: torch.Tensor  # (B,) shaped rewards
+    correct: torch.Tensor  # (B,) bool
+    values: torch.Tensor | None = None  # (B, T)
+    ref_logp: torch.Tensor | None = None  # (B, T)
+    advantages: torch.Tensor | None = None  # (B, T)
+    returns: torch.Tensor | None = None  # (B, T)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Learner:
+    """The models and their optimisers. ``policy_backend`` is None when the policy is frozen
+    (value pretraining); ``critic_backend`` is None for critic-free algos.
+
+    Args:
+        spec: the algo's row.
+        policy: the policy model (trained through ``policy_backend``, or frozen).
+        ref_model: the reference policy for a KL penalty (None when kl_coef = 0).
+        pad_id: the tokenizer's pad id.
+        max_len: L_max, the generation cap (the constant of "seq-mean-token-sum-norm").
+        micro_batch_size, mini_batch_size: per process; ppo_epochs: passes over the batch.
+        seed: seeds the mini-batch shuffle.
+        rank, world: this process and the number of processes (loss normalisation is global).
+    """
+
+    def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module, policy_backend: Any, critic_backend: Any,
+                 ref_model: torch.nn.Module | None, pad_id: int, max_len: int, micro_batch_size: int, mini_batch_size: int,
+                 ppo_epochs: int, dtype: str, seed: int, rank: int = 0, world: int = 1) -> None:
+        self.spec, self.policy, self.policy_backend, self.critic_backend, self.ref_model = spec, policy, policy_backend, critic_backend, ref_model
+        self.pad_id, self.max_len = pad_id, max_len
+        self.micro, self.mini, self.epochs, self.dtype = micro_batch_size, mini_batch_size, ppo_epochs, dtype
+        self.rank, self.world = rank, world
+        self.gen = torch.Generator().manual_seed(seed + 7919 * rank)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the models live (CPU, or the rank's GPU): micro-batches are moved there."""
+        return next(self.policy.parameters()).device
+
+    # ---------------------------------------------------------------- prepare
+    def _micro_slices(self, n: int) -> list[list[int]]:
+        return [list(range(i, min(i + self.micro, n))) for i in range(0, n, self.micro)]
+
+    @torch.no_grad()
+    def prepare(self, groups: list[list[Sample]]) -> StepTensors:
+        flat = [s for g in groups for s in g]
+        loss_rows = [not (self.spec.overlong_filter and s.truncated) for s in flat]
+        batch = build_batch([s.prompt_ids for s in flat], [s.response_ids for s in flat], pad_id=self.pad_id, loss_rows=loss_rows)
+        B, T = batch.response_ids.shape
+        old_logp = torch.zeros(B, T)
+        entropy = torch.zeros(B, T)
+        ref_logp = torch.zeros(B, T) if self.ref_model is not None else None
+        values = torch.zeros(B, T) if self.critic_backend is not None else None
+        self.policy.eval()
+        for idx in self._micro_slices(B):
+            mb = batch.select(idx).to(self.device)
+            t = mb.T
+            with autocast_ctx(self.dtype):
+                logits = response_logits(self.policy, mb)
+                old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids) * mb.valid).cpu()
+                entropy[idx, :t] = (A.entropy_from_logits(logits) * mb.valid).cpu()
+                del logits
+                if ref_logp is not None:
+                    ref_logp[idx, :t] = (A.logprobs_from_logits(response_logits(self.ref_model, mb), mb.response_ids) * mb.valid).cpu()
+                if values is not None:
+                    self.critic_backend.model.eval()
+                    values[idx, :t] = (response_values(self.critic_backend.model, mb) * mb.valid).cpu()
+        self.policy.train()
+        if self.critic_backend is not None:
+            self.critic_backend.model.train()
+        rewards = torch.tensor([s.shaped_reward for s in flat], dtype=torch.float32)
+        correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
+        return StepTensors(batch, old_logp, entropy, rewards, correct, values, ref_logp)
+
+    def advantages(self, st: StepTensors, *, group_size: int) -> None:
+        """Fill st.advantages / st.returns with the algo's advantage estimator."""
+        s = self.spec
+        valid = st.batch.valid
+        token_rewards = None
+        if s.kl_in_reward and s.kl_coef > 0 and st.ref_logp is not None:
+            token_rewards = -s.kl_coef * A.kl_penalty(st.old_logp, st.ref_logp, s.kl_kind) * valid
+        lam_actor: float | torch.Tensor = s.lam_actor
+        if s.adaptive_lambda:
+            lam_actor = A.adaptive_lambda(valid.sum(1).clamp(min=1), alpha=s.adaptive_lambda_alpha)
+        adv, ret = A.compute_advantages(s.advantage, rewards=st.rewards, mask=valid, group_size=group_size, values=st.values,
+                                        token_rewards=token_rewards, gamma=s.gamma, lam_actor=lam_actor, lam_critic=s.lam_critic,
+                                        scale_by_std=s.grpo_scale_by_std)
+        if s.whiten_advantages:
+            adv = A.masked_whiten(adv, st.batch.mask) * valid
+        st.advantages, st.returns = adv, ret
+
+    # ---------------------------------------------------------------- updates
+    def _minibatches(self, B: int) -> list[list[int]]:
+        out = []
+        for _ in range(self.epochs):
+            perm = torch.randperm(B, generator=self.gen).tolist()
+            out += [perm[i : i + self.mini] for i in range(0, B, self.mini)]
+        return out
+
+    def _weights(self, batch: Batch, mini: list[int], agg: str) -> list[tuple[list[int], float]]:
+        """Each micro-batch's weight so the accumulated gradient equals the mini-batch's aggregate.
+
+        token-mean: micro tokens / mini tokens; seq modes: micro counted rows / mini counted rows.
+        Counts are summed over ranks, and scaled by world size because DDP/ZeRO average gradients.
+        """
+        m = batch.mask[mini]
+        per_row = m.sum(1)
+        unit = per_row if agg == "token-mean" else (per_row > 0).float()
+        total = float(self._all_sum(unit.sum()))
+        if total <= 0:
+            return []  # nothing counted on any rank: every rank skips this mini-batch together
+        micros = [mini[i : i + self.micro] for i in range(0, len(mini), self.micro)]
+        res = []
+        for j, mic in enumerate(micros):
+            w = float(unit[j * self.micro : j * self.micro + len(mic)].sum())
+            res.append((mic, (w / total) * self.world))
+        return res
+
+    def _all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        backend = self.policy_backend or self.critic_backend
+        return backend.all_reduce_sum(x.clone()) if backend is not None and self.world > 1 else x
+
+    def update_policy(self, st: StepTensors) -> dict[str, float]:
+        s = self.spec
+        agg = s.loss_agg
+        max_len = self.max_len
+        metrics: dict[str, list[float]] = {}
+        buckets: dict[str, float] = {}  # DAPO fig. 3a counts, from the ratios of the last epoch's updates
+        minis = self._minibatches(st.batch.input_ids.shape[0])
+        per_epoch = len(minis) // self.epochs
+        for mi, mini in enumerate(minis):
+            micros = self._weights(st.batch, mini, agg)
+            track = mi >= len(minis) - per_epoch
+
+            def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
+                idx, w = item
+                mb = st.batch.select(idx).to(self.device)
+                t, dev = mb.T, self.device
+                logits = response_logits(model, mb)
+                logp = A.logprobs_from_logits(logits, mb.response_ids)
+                del logits
+                adv = st.advantages[idx, :t].to(dev)
+                loss, m = A.policy_loss(logp, st.old_logp[idx, :t].to(dev), adv, mb.mask, eps_low=s.eps_low, eps_high=s.eps_high,
+                                        dual_clip=s.dual_clip, agg=agg, max_len=max_len)
+                if s.kl_coef > 0 and not s.kl_in_reward and st.ref_logp is not None:
+                    kl = A.kl_penalty(logp, st.ref_logp[idx, :t].to(dev), s.kl_kind)
+                    kl_loss = A.aggregate(kl, mb.mask, agg, max_len=max_len)
+                    loss = loss + s.kl_coef * kl_loss
+                    m["kl_ref"] = float(kl_loss.detach())
+                m["pg_loss"] = float(loss.detach())
+                if track:
+                    with torch.no_grad():
+                        ratio = torch.exp((logp.detach() - st.old_logp[idx, :t].to(dev)).clamp(-20, 20))
+                        bm = clipfrac_by_prob_bucket(st.old_logp[idx, :t].to(dev), ratio, adv, mb.mask, s.eps_low, s.eps_high)
+                    for k, v in bm.items():
+                        if k.startswith("tokens/"):
+                            b = k[len("tokens/"):]
+                            buckets[k] = buckets.get(k, 0.0) + v
+                            for kind in ("clip_upper", "clip_lower"):
+                                buckets[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) + bm.get(f"{kind}/{b}", 0.0) * v
+                return loss * w, {k: v * w / self.world for k, v in m.items() if isinstance(v, (int, float))}
+
+            if not micros:
+                continue
+            out = self.policy_backend.step(micros, loss_fn)
+            for k, v in out.items():
+                metrics.setdefault(k, []).append(v)
+        res: dict[str, Any] = {k: sum(v) / len(v) for k, v in metrics.items()}
+        by_prob: dict[str, float] = {}
+        for k, n in buckets.items():
+            if k.startswith("tokens/"):
+                b = k[len("tokens/"):]
+                by_prob[k] = n
+                for kind in ("clip_upper", "clip_lower"):
+                    by_prob[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) / n if n else 0.0
+        res["clipfrac_by_prob"] = by_prob
+        return res
+
+    def update_critic(self, st: StepTensors) -> dict[str, float]:
+        s = self.spec
+        assert st.values is not None and st.returns is not None
+        metrics: dict[str, list[float]] = {}
+        for mini in self._minibatches(st.batch.input_ids.shape[0]):
+            micros = self._weights(st.batch, mini, "token-mean")
+
+            def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
+                idx, w = item
+                mb = st.batch.select(idx).to(self.device)
+                t, dev = mb.T, self.device
+                v = response_values(model, mb)
+                loss, m = A.value_loss(v, st.values[idx, :t].to(dev), st.returns[idx, :t].to(dev), mb.valid, clip=s.value_clip, agg="token-mean")
+                m["vf_loss"] = float(loss.detach())
+                return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float))}
+
+            if not micros:
+                continue
+            out = self.critic_backend.step(micros, loss_fn)
+            for k, v in out.items():
+                metrics.setdefault(k, []).append(v)
+        return {f"critic/{k}": sum(v) / len(v) for k, v in metrics.items()}
