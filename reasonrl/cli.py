@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from reasonrl.config import base_type, build_config, load_recipe, parse_sets, recipe_layer
+from reasonrl.config import base_type, build_config, load_recipe, parse_sets, recipe_layer, sections
 from reasonrl.errors import ReasonRLError
 
 app = typer.Typer(
@@ -41,22 +41,34 @@ def _option_type(tp: Any) -> Any:
 def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any], Any], *, help: str, stage: str | None = None,
                   arguments: tuple[str, ...] = (), fixed: dict[str, Any] | None = None) -> None:
     """Register ``name`` on ``target``: options from ``cls``'s fields, then ``run(config)``."""
-    hints = typing.get_type_hints(cls)
     fixed = fixed or {}
     params = []
-    for f in dataclasses.fields(cls):
-        if f.name in fixed:
-            continue
-        h = f.metadata.get("help", "")
+
+    def add_options(owner: type, skip: set[str], default_text: Callable[[dataclasses.Field], str], panel: str | None) -> None:
+        hints = typing.get_type_hints(owner)
+        for f in dataclasses.fields(owner):
+            if f.name in skip or f.name in fixed or "section" in f.metadata:
+                continue
+            h = f.metadata.get("help", "")
+            if f.name in arguments:
+                param_default: Any = typer.Argument(None, help=h, show_default=False)
+            else:
+                flag = "--" + f.name.replace("_", "-")
+                base, _ = base_type(hints[f.name])
+                decls = [f"{flag}/--no-{f.name.replace('_', '-')}"] if base is bool else [flag]
+                param_default = typer.Option(None, *decls, help=f"{h} {default_text(f)}", show_default=False, rich_help_panel=panel)
+            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=param_default, annotation=_option_type(hints[f.name])))
+
+    def own_default(f: dataclasses.Field) -> str:
         default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
-        if f.name in arguments:
-            param_default: Any = typer.Argument(None, help=h, show_default=False)
-        else:
-            flag = "--" + f.name.replace("_", "-")
-            base, _ = base_type(hints[f.name])
-            decls = [f"{flag}/--no-{f.name.replace('_', '-')}"] if base is bool else [flag]
-            param_default = typer.Option(None, *decls, help=f"{h} [default: {default}]", show_default=False)
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=param_default, annotation=_option_type(hints[f.name])))
+        return f"[default: {default}]"
+
+    add_options(cls, set(), own_default, None)
+    for sec in sections(cls):
+        # One option per field of the section's class (e.g. AlgoSpec: --eps-high, --loss-agg, ...).
+        table = sec.metadata["table"]
+        add_options(sec.metadata["section"], {"name"}, lambda f, t=table: f"[default: the --{t} row's; or a recipe \\[{t}] table, or --set {t}.{f.name}=...]",
+                    f"{table} row overrides")
     params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                     default=typer.Option(None, "--config", "-c", help="TOML recipe (see stages/); its keys are this command's options.")))
     params.append(inspect.Parameter("set_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
@@ -66,7 +78,7 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
         recipe_path = kwargs.pop("config", None)
         sets = kwargs.pop("set_", None)
         with _user_errors():
-            recipe = recipe_layer(load_recipe(recipe_path), stage or name)
+            recipe = recipe_layer(load_recipe(recipe_path), stage or name, cls)
             explicit = {k: v for k, v in kwargs.items() if v is not None and v != []}
             cfg = build_config(cls, recipe, parse_sets(sets), explicit, fixed)
             run(cfg)

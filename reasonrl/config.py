@@ -26,6 +26,27 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, **kw})
 
 
+def section(cls: type, help: str, *, table: str, name_field: str | None = None) -> Any:
+    """A config field holding overrides of another dataclass's fields (e.g. ``AlgoSpec``).
+
+    The CLI gets one ``--option`` per field of ``cls`` (its help is that field's documentation);
+    a recipe may give them flat, or in a ``[table]`` table; ``--set table.key=value`` also works.
+    The section's ``name`` key, when given in the table, sets the config field ``name_field``
+    (``[algo] name = "dapo"`` is ``--algo dapo``). The field's value is the dict of overrides.
+    """
+    return dataclasses.field(default_factory=dict, metadata={"help": help, "section": cls, "table": table, "name_field": name_field})
+
+
+def sections(cls: type) -> list[dataclasses.Field]:
+    """The section fields of a config class."""
+    return [f for f in dataclasses.fields(cls) if "section" in f.metadata]
+
+
+def section_keys(f: dataclasses.Field) -> list[str]:
+    """The overridable keys of a section field (every field of its class but ``name``)."""
+    return [g.name for g in dataclasses.fields(f.metadata["section"]) if g.name != "name"]
+
+
 def field_help(cls: type, name: str) -> str:
     for f in dataclasses.fields(cls):
         if f.name == name:
@@ -114,27 +135,63 @@ def parse_sets(sets: list[str] | None) -> dict[str, str]:
 
 
 def build_config(cls: type[T], *layers: dict[str, Any]) -> T:
-    """Defaults < layers[0] < layers[1] < ...; unknown keys and wrong types are errors naming the key."""
+    """Defaults < layers[0] < layers[1] < ...; unknown keys and wrong types are errors naming the key.
+
+    Keys of a section (see :func:`section`) may come flat, as ``table.key``, or as a ``table`` dict.
+    """
     values: dict[str, Any] = {}
+    own = {f.name for f in dataclasses.fields(cls)}
+    secs = sections(cls)
+    overrides: dict[str, dict[str, Any]] = {f.name: {} for f in secs}
+
+    def put_section(f: dataclasses.Field, key: str, v: Any) -> None:
+        sub = f.metadata["section"]
+        if key == "name" and f.metadata.get("name_field"):
+            values[f.metadata["name_field"]] = coerce(cls, f.metadata["name_field"], v)
+        elif key in section_keys(f):
+            overrides[f.name][key] = coerce(sub, key, v)
+        else:
+            raise ReasonRLError(f"unknown key '{f.metadata['table']}.{key}'; known: {', '.join(section_keys(f))}")
+
     for layer in layers:
         for k, v in layer.items():
             if v is None:
                 continue
             k = k.replace("-", "_")
+            sec = next((f for f in secs if k == f.metadata["table"] or k.startswith(f.metadata["table"] + ".")), None)
+            if sec is not None and k not in own or (sec is not None and isinstance(v, dict)):
+                if isinstance(v, dict):
+                    for kk, vv in v.items():
+                        put_section(sec, kk.replace("-", "_"), vv)
+                elif "." in k:
+                    put_section(sec, k.split(".", 1)[1], v)
+                else:
+                    raise ReasonRLError(f"'{k}' must be a table of {sec.metadata['section'].__name__} fields")
+                continue
+            flat = next((f for f in secs if k not in own and k in section_keys(f)), None)
+            if flat is not None:
+                put_section(flat, k, v)
+                continue
             values[k] = coerce(cls, k, v)
+    for name, over in overrides.items():
+        if over:
+            values[name] = over
     try:
         return cls(**values)
     except TypeError as e:  # pragma: no cover - coerce already names unknown keys
         raise ReasonRLError(str(e)) from None
 
 
-def recipe_layer(recipe: dict[str, Any], stage: str) -> dict[str, Any]:
-    """A recipe may be flat or hold ``[stage]`` tables; take the flat keys plus this stage's table."""
-    flat = {k: v for k, v in recipe.items() if not isinstance(v, dict)}
+def recipe_layer(recipe: dict[str, Any], stage: str, cls: type | None = None) -> dict[str, Any]:
+    """A recipe may be flat or hold ``[stage]`` tables; take the flat keys plus this stage's table.
+
+    Tables named after a section of ``cls`` (e.g. ``[algo]``) are kept as keys."""
+    kept = {f.metadata["table"] for f in sections(cls)} if cls is not None else set()
+    flat = {k: v for k, v in recipe.items() if not isinstance(v, dict) or k in kept}
     table = recipe.get(stage, {})
     if table and not isinstance(table, dict):
         raise ReasonRLError(f"recipe key '{stage}' must be a table")
-    others = [k for k, v in recipe.items() if isinstance(v, dict) and k != stage]
+    others = [k for k, v in recipe.items() if isinstance(v, dict) and k != stage and k not in kept]
     if others and not table and not flat:
         raise ReasonRLError(f"recipe has tables {others} but none named [{stage}]: add one or make keys flat")
     return {**flat, **(table or {})}

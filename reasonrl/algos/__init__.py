@@ -3,7 +3,8 @@ python-float metrics out), plus the ``AlgoSpec`` table behind ``--algo``.
 
 Imports torch and the standard library only. Every formula is documented with its equation and
 tensor shapes; variants live in name -> function registries (``ADVANTAGE_ESTIMATORS``,
-``AGG_MODES``, ``KL_ESTIMATORS``) and algorithms in ``ALGOS``.
+``POLICY_LOSSES``, ``AGG_MODES``, ``KL_ESTIMATORS``), each with one keyword signature, and
+algorithms in ``ALGOS`` (an ``AlgoSpec`` row names its entries).
 """
 
 from reasonrl.algos.advantages import (
@@ -15,9 +16,10 @@ from reasonrl.algos.advantages import (
     grpo_advantages,
     outcome_token_rewards,
 )
-from reasonrl.algos.evaluation import pass_at_k
+from reasonrl.algos.aggregation import AGG_MODES, aggregate
+from reasonrl.algos.kl import KL_ESTIMATORS, kl_penalty
 from reasonrl.algos.logits import entropy_from_logits, logprobs_from_logits
-from reasonrl.algos.losses import AGG_MODES, KL_ESTIMATORS, aggregate, kl_penalty, policy_loss, value_loss
+from reasonrl.algos.losses import POLICY_LOSSES, LossParams, PolicyLossOutput, policy_loss, ppo_clip_loss, value_loss
 from reasonrl.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from reasonrl.algos.metrics import clipfrac_by_prob_bucket, explained_variance, mean_by_position
 from reasonrl.algos.rewards import informative_groups, overlong_penalty
@@ -35,7 +37,11 @@ __all__ = [
     # losses
     "aggregate",
     "AGG_MODES",
+    "POLICY_LOSSES",
+    "LossParams",
+    "PolicyLossOutput",
     "policy_loss",
+    "ppo_clip_loss",
     "value_loss",
     "kl_penalty",
     "KL_ESTIMATORS",
@@ -45,8 +51,6 @@ __all__ = [
     # rewards / sampling
     "overlong_penalty",
     "informative_groups",
-    # evaluation
-    "pass_at_k",
     # masked helpers
     "masked_sum",
     "masked_mean",

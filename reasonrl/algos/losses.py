@@ -1,145 +1,90 @@
-"""Loss aggregation, the clipped policy loss (PPO / GRPO / DAPO), the clipped value loss and
-KL estimators.
+"""Policy losses (a registry: ``POLICY_LOSSES``) and the clipped value loss.
 
 Shapes: B responses, T token positions; per-token tensors are (B, T), ``mask`` (B, T) marks
-counted tokens. Losses return ``(scalar loss, metrics)`` where metrics is a dict of python floats
-(computed without gradient, one device sync per call).
+counted tokens. Every policy loss has the same keyword signature (:class:`PolicyLoss`) and returns
+a :class:`PolicyLossOutput`: the scalar loss, python-float metrics (computed without gradient,
+one device sync per call), and the detached ratio and clip masks the trainer logs, so nothing is
+recomputed. A new variant is one function here, one registry entry and one ``AlgoSpec`` row.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Iterator, Protocol
 
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import as_bool_mask, masked_mean, masked_sum
+from reasonrl.algos.aggregation import aggregate
+from reasonrl.algos.masked import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
 from reasonrl.algos.metrics import explained_variance
 
-__all__ = [
-    "AGG_MODES",
-    "aggregate",
-    "policy_loss",
-    "value_loss",
-    "KL_ESTIMATORS",
-    "kl_penalty",
-    "LOG_RATIO_CLAMP",
-]
-
-LOG_RATIO_CLAMP = 20.0
-"""log-ratios are clamped to [-20, 20] before ``exp`` (ratio in [2e-9, 4.9e8]): no inf/nan."""
+__all__ = ["LossParams", "PolicyLossOutput", "PolicyLoss", "POLICY_LOSSES", "ppo_clip_loss", "policy_loss", "value_loss"]
 
 
-# --------------------------------------------------------------------------------------------
-# Aggregation
-# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LossParams:
+    """The knobs of every policy loss (each loss reads the ones it uses; ``AlgoSpec.loss_params``)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.eps_low < 0 or self.eps_low >= 1 or self.eps_high < 0:
+            raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
 
 
-def _token_mean(loss_mat: Tensor, m: Tensor, max_len: int | None, denominator: float | Tensor | None) -> Tensor:
-    total = masked_sum(loss_mat, m)
-    if denominator is not None:
-        return total / denominator
-    return total / m.sum().clamp(min=1).to(total.dtype)
+@dataclass
+class PolicyLossOutput:
+    """What a policy loss returns. ``ratio`` (B, T) is detached; ``clip_upper`` / ``clip_lower``
+    (B, T) bool mark the counted tokens whose gradient the upper / lower clip cuts. Unpacks as
+    ``loss, metrics = out``."""
+
+    loss: Tensor
+    metrics: dict[str, float]
+    ratio: Tensor
+    clip_upper: Tensor
+    clip_lower: Tensor
+
+    def __iter__(self) -> Iterator[object]:
+        yield self.loss
+        yield self.metrics
 
 
-def _seq_reduce(row_vals: Tensor, row_n: Tensor, denominator: float | Tensor | None) -> Tensor:
-    """Mean of per-row values over rows with at least one counted token."""
-    has = row_n > 0
-    total = torch.where(has, row_vals, torch.zeros((), dtype=row_vals.dtype, device=row_vals.device)).sum()
-    if denominator is not None:
-        return total / denominator
-    return total / has.sum().clamp(min=1).to(total.dtype)
+class PolicyLoss(Protocol):
+    """The keyword signature every entry of ``POLICY_LOSSES`` has."""
+
+    def __call__(self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, *, params: LossParams, agg: str = ...,
+                 max_len: int | None = ..., denominator: float | Tensor | None = ...) -> PolicyLossOutput: ...
 
 
-def _seq_mean_token_mean(loss_mat: Tensor, m: Tensor, max_len: int | None, denominator: float | Tensor | None) -> Tensor:
-    row_n = m.sum(dim=-1)
-    row_mean = masked_sum(loss_mat, m, dim=-1) / row_n.clamp(min=1).to(loss_mat.dtype)
-    return _seq_reduce(row_mean, row_n, denominator)
+def _check_shapes(logp: Tensor, logp_old: Tensor, advantages: Tensor) -> Tensor:
+    """Validate (B, T) shapes; returns the advantages as (B, T)."""
+    if logp.dim() != 2 or logp_old.shape != logp.shape:
+        raise ValueError(f"logp and logp_old must both be (B, T); got {tuple(logp.shape)}, {tuple(logp_old.shape)}")
+    if advantages.dim() == 1:
+        if advantages.shape[0] != logp.shape[0]:
+            raise ValueError(f"advantages (B,) must have B={logp.shape[0]}, got {tuple(advantages.shape)}")
+        advantages = advantages[:, None].expand_as(logp)
+    elif advantages.shape != logp.shape:
+        raise ValueError(f"advantages must be (B, T) or (B,), got {tuple(advantages.shape)}")
+    return advantages
 
 
-def _seq_mean_token_sum_norm(
-    loss_mat: Tensor, m: Tensor, max_len: int | None, denominator: float | Tensor | None
-) -> Tensor:
-    norm = loss_mat.shape[-1] if max_len is None else max_len
-    if norm <= 0:
-        raise ValueError(f"max_len must be > 0, got {norm}")
-    row_n = m.sum(dim=-1)
-    return _seq_reduce(masked_sum(loss_mat, m, dim=-1) / norm, row_n, denominator)
-
-
-AGG_MODES: dict[str, Callable[[Tensor, Tensor, int | None, float | Tensor | None], Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
-}
-"""Loss aggregation modes, name -> fn(loss_mat, bool mask, max_len, denominator)."""
-
-
-def aggregate(
-    loss_mat: Tensor,
-    mask: Tensor,
-    mode: str,
-    *,
-    max_len: int | None = None,
-    denominator: float | Tensor | None = None,
-) -> Tensor:
-    """Reduce a per-token loss matrix (B, T) to a scalar.
-
-    Modes (l = loss_mat, M = mask, |o_i| = sum_t M[i, t], rows = responses with |o_i| > 0):
-
-    * ``"token-mean"`` (DAPO eq. 12): sum_i sum_t M l / sum_i |o_i|. Every token weighs the same,
-      so a long response weighs more than a short one.
-    * ``"seq-mean-token-mean"`` (original GRPO): mean over rows of (sum_t M l / |o_i|). Every
-      response weighs the same, so a long response's tokens each weigh less.
-    * ``"seq-mean-token-sum-norm"`` (Dr. GRPO): mean over rows of (sum_t M l / max_len), max_len
-      a constant (default T, the padded width; pass the generation cap for a batch-independent
-      constant).
-
-    Rows with no counted token do not count in the mean over rows. An all-zero mask gives 0.0,
-    still connected to the graph (its gradient is 0). Masking uses ``where``: nan/inf on padding
-    do not leak.
-
-    Args:
-        loss_mat: (B, T) per-token loss.
-        mask: (B, T) bool or 0/1.
-        mode: a key of ``AGG_MODES``.
-        max_len: the constant of "seq-mean-token-sum-norm" (ignored by the other modes).
-        denominator: if given, replaces the local count: token-mean divides the token sum by it,
-            the seq modes divide the sum of per-row values by it. For gradient accumulation pass
-            the count over the whole mini-batch (tokens, or non-empty rows) so that the sum of
-            the micro-batch losses equals the mini-batch loss.
-
-    Raises:
-        ValueError: unknown mode (the message names the valid modes) or bad shapes.
-    """
-    try:
-        fn = AGG_MODES[mode]
-    except KeyError:
-        raise ValueError(f"unknown loss aggregation mode '{mode}'; valid: {', '.join(AGG_MODES)}") from None
-    if loss_mat.dim() != 2:
-        raise ValueError(f"loss_mat must be (B, T), got shape {tuple(loss_mat.shape)}")
-    m = as_bool_mask(mask, loss_mat)
-    return fn(loss_mat, m, max_len, denominator)
-
-
-# --------------------------------------------------------------------------------------------
-# Policy loss
-# --------------------------------------------------------------------------------------------
-
-
-def policy_loss(
+def ppo_clip_loss(
     logp: Tensor,
     logp_old: Tensor,
     advantages: Tensor,
     mask: Tensor,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
+    params: LossParams,
     agg: str = "token-mean",
     max_len: int | None = None,
     denominator: float | Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> PolicyLossOutput:
     """Clipped surrogate policy loss with decoupled clip range (DAPO "Clip-Higher", eq. 10).
 
         r_t   = exp(clamp(logp_t - logp_old_t, -20, 20))
@@ -157,12 +102,12 @@ def policy_loss(
         logp_old: (B, T) log-probs under the sampling policy (treated as constant).
         advantages: (B, T), or (B,) broadcast over T (treated as constant).
         mask: (B, T) counted tokens.
-        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
-        dual_clip: c > 1, or None for no dual clip.
-        agg, max_len, denominator: see :func:`aggregate`.
+        params: ``eps_low``, ``eps_high`` (clip range [1 - eps_low, 1 + eps_high]) and
+            ``dual_clip`` (c > 1, or None for no dual clip).
+        agg, max_len, denominator: see :func:`reasonrl.algos.aggregation.aggregate`.
 
     Returns:
-        (loss, metrics). metrics (python floats; 0.0 when no token is counted):
+        :class:`PolicyLossOutput`: the loss, the ratio and the clip masks, and metrics (python floats; 0.0 when no token is counted):
         ``pg_loss``; ``clipfrac_upper`` share of counted tokens with A > 0 and r > 1 + eps_high
         (upper clip active: their gradient is cut); ``clipfrac_lower`` A < 0 and r < 1 - eps_low;
         ``clipfrac`` their sum; ``clipfrac_dual`` (only when dual_clip is set) A < 0 and the dual
@@ -170,18 +115,8 @@ def policy_loss(
         (r - 1) - log r, which is >= 0 and unbiased for samples from pi_old; ``ratio_mean``,
         ``ratio_max`` over counted tokens.
     """
-    if logp.dim() != 2 or logp_old.shape != logp.shape:
-        raise ValueError(f"logp and logp_old must both be (B, T); got {tuple(logp.shape)}, {tuple(logp_old.shape)}")
-    if advantages.dim() == 1:
-        if advantages.shape[0] != logp.shape[0]:
-            raise ValueError(f"advantages (B,) must have B={logp.shape[0]}, got {tuple(advantages.shape)}")
-        advantages = advantages[:, None].expand_as(logp)
-    elif advantages.shape != logp.shape:
-        raise ValueError(f"advantages must be (B, T) or (B,), got {tuple(advantages.shape)}")
-    if eps_low < 0 or eps_low >= 1 or eps_high < 0:
-        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    advantages = _check_shapes(logp, logp_old, advantages)
+    eps_low, eps_high, dual_clip = params.eps_low, params.eps_high, params.dual_clip
     m = as_bool_mask(mask, logp)
     adv = advantages.detach().to(logp.dtype)
     log_ratio = (logp - logp_old.detach().to(logp.dtype)).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -220,12 +155,37 @@ def policy_loss(
         vals = torch.stack([s.to(r.dtype) for s in stats]).tolist()
     metrics = dict(zip(names, vals))
     metrics["clipfrac"] = metrics["clipfrac_upper"] + metrics["clipfrac_lower"]
-    return loss, metrics
+    return PolicyLossOutput(loss, metrics, r, upper, lower)
 
 
-# --------------------------------------------------------------------------------------------
-# Value loss
-# --------------------------------------------------------------------------------------------
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "ppo-clip": ppo_clip_loss,
+}
+"""name → policy loss (``AlgoSpec.policy_loss``)."""
+
+
+def policy_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    loss: str = "ppo-clip",
+    agg: str = "token-mean",
+    max_len: int | None = None,
+    denominator: float | Tensor | None = None,
+    **params: float | None,
+) -> PolicyLossOutput:
+    """The policy loss ``loss`` (a key of ``POLICY_LOSSES``) with ``LossParams(**params)``.
+
+    Raises:
+        ValueError: unknown loss (the message names the valid ones) or bad parameters.
+    """
+    try:
+        fn = POLICY_LOSSES[loss]
+    except KeyError:
+        raise ValueError(f"unknown policy loss '{loss}'; valid: {', '.join(POLICY_LOSSES)}") from None
+    return fn(logp, logp_old, advantages, mask, params=LossParams(**params), agg=agg, max_len=max_len, denominator=denominator)
 
 
 def value_loss(
@@ -290,49 +250,3 @@ def value_loss(
     metrics = dict(zip(["vf_loss", "vf_clipfrac", "value_mean", "returns_mean"], vals))
     metrics["explained_variance"] = explained_variance(v, g, m)
     return loss, metrics
-
-
-# --------------------------------------------------------------------------------------------
-# KL
-# --------------------------------------------------------------------------------------------
-
-
-def _k1(logp: Tensor, logp_ref: Tensor) -> Tensor:
-    return logp - logp_ref
-
-
-def _k2(logp: Tensor, logp_ref: Tensor) -> Tensor:
-    return 0.5 * (logp - logp_ref) ** 2
-
-
-def _k3(logp: Tensor, logp_ref: Tensor) -> Tensor:
-    d = (logp_ref - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(d) - d - 1.0
-
-
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
-"""Per-token estimators of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3)."""
-
-
-def kl_penalty(logp: Tensor, logp_ref: Tensor, kind: str) -> Tensor:
-    """Per-token KL estimate between the policy and a reference policy (samples from the policy).
-
-        "k1": logp - logp_ref                                    (unbiased, can be negative)
-        "k2": 0.5 * (logp - logp_ref)^2                          (biased, >= 0)
-        "k3": exp(logp_ref - logp) - (logp_ref - logp) - 1       (unbiased, >= 0, low variance;
-                                                                  verl's "low_var_kl" without its
-                                                                  [-10, 10] output clamp)
-
-    k3's exponent is clamped to [-20, 20]. Shapes are preserved (any shape, e.g. (B, T)); the
-    caller masks and aggregates (in the loss) or subtracts ``kl_coef * kl`` from token rewards.
-
-    Raises:
-        ValueError: unknown kind (the message names the valid kinds).
-    """
-    try:
-        fn = KL_ESTIMATORS[kind]
-    except KeyError:
-        raise ValueError(f"unknown KL estimator '{kind}'; valid: {', '.join(KL_ESTIMATORS)}") from None
-    if logp.shape != logp_ref.shape:
-        raise ValueError(f"logp and logp_ref shapes differ: {tuple(logp.shape)} vs {tuple(logp_ref.shape)}")
-    return fn(logp, logp_ref)

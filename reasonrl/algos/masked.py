@@ -13,7 +13,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["as_bool_mask", "masked_sum", "masked_mean", "masked_var", "masked_whiten"]
+__all__ = ["as_bool_mask", "masked_sum", "masked_mean", "masked_var", "masked_whiten", "LOG_RATIO_CLAMP"]
+
+LOG_RATIO_CLAMP = 20.0
+"""log-ratios are clamped to [-20, 20] before ``exp`` (ratio in [2e-9, 4.9e8]): no inf/nan."""
 
 
 def as_bool_mask(mask: Tensor, like: Tensor | None = None) -> Tensor:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from reasonrl.algos.masked import as_bool_mask
 
-__all__ = ["clipfrac_by_prob_bucket", "mean_by_position", "explained_variance", "DEFAULT_PROB_EDGES"]
+__all__ = ["clipfrac_by_prob_bucket", "clip_by_prob_bucket", "mean_by_position", "explained_variance", "DEFAULT_PROB_EDGES"]
 
 DEFAULT_PROB_EDGES: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 """(0.0, 0.1, ..., 1.0): ten probability buckets."""
@@ -53,11 +53,27 @@ def clipfrac_by_prob_bucket(
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(ratio)
     m = as_bool_mask(mask, ratio)
-    p = torch.exp(logp_old.detach().float())
     r = ratio.detach().float()
     a = advantages.detach().float()
     upper = m & (a > 0) & (r > 1.0 + eps_high)
     lower = m & (a < 0) & (r < 1.0 - eps_low)
+    return clip_by_prob_bucket(logp_old, upper, lower, m, edges)
+
+
+@torch.no_grad()
+def clip_by_prob_bucket(
+    logp_old: Tensor,
+    clip_upper: Tensor,
+    clip_lower: Tensor,
+    mask: Tensor,
+    edges: tuple[float, ...] | list[float] = DEFAULT_PROB_EDGES,
+) -> dict[str, float]:
+    """:func:`clipfrac_by_prob_bucket` from the clip masks a policy loss returns
+    (``PolicyLossOutput.clip_upper`` / ``clip_lower``, (B, T) bool), so the buckets show what the
+    loss itself clipped, whatever the variant. Same keys."""
+    m = as_bool_mask(mask, logp_old)
+    p = torch.exp(logp_old.detach().float())
+    upper, lower = clip_upper & m, clip_lower & m
     e = [float(x) for x in edges]
     if len(e) < 2 or any(e[i] >= e[i + 1] for i in range(len(e) - 1)):
         raise ValueError(f"edges must be increasing with at least two values, got {edges}")

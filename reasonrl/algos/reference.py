@@ -88,12 +88,6 @@ def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
     return -1.0
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 def entropy(logits_row: list[float]) -> float:
     mx = max(logits_row)
     z = sum(math.exp(x - mx) for x in logits_row)

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reasonrl.algos.advantages import ADVANTAGE_ESTIMATORS
-from reasonrl.algos.losses import AGG_MODES, KL_ESTIMATORS
+from reasonrl.algos.aggregation import AGG_MODES
+from reasonrl.algos.kl import KL_ESTIMATORS
+from reasonrl.algos.losses import POLICY_LOSSES, LossParams
 
 __all__ = ["AlgoSpec", "ALGOS", "get_algo"]
 
@@ -45,6 +47,7 @@ class AlgoSpec:
         False, "Replace lam_actor per response by VAPO's 1 - 1/(adaptive_lambda_alpha * length) (gae only)."
     )
     adaptive_lambda_alpha: float = _f(0.05, "VAPO's alpha for adaptive_lambda.")
+    policy_loss: str = _f("ppo-clip", "Policy loss, a key of POLICY_LOSSES: 'ppo-clip' (PPO / GRPO / DAPO clipped surrogate).")
     eps_low: float = _f(0.2, "Lower clip: the ratio is clipped at 1 - eps_low (A < 0).")
     eps_high: float = _f(0.2, "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28).")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1: per-token loss capped at c*|A| when A < 0 (None: off; usual 3).")
@@ -93,6 +96,8 @@ class AlgoSpec:
             bad(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             bad(f"dual_clip must be > 1 or None, got {self.dual_clip}")
+        if self.policy_loss not in POLICY_LOSSES:
+            bad(f"policy_loss must be one of {', '.join(POLICY_LOSSES)}, got '{self.policy_loss}'")
         if self.loss_agg not in AGG_MODES:
             bad(f"loss_agg must be one of {', '.join(AGG_MODES)}, got '{self.loss_agg}'")
         if self.kl_kind not in KL_ESTIMATORS:
@@ -119,6 +124,10 @@ class AlgoSpec:
             if f.name == name:
                 return str(f.metadata.get("help", ""))
         raise ValueError(f"unknown AlgoSpec field '{name}'")
+
+    def loss_params(self) -> LossParams:
+        """The policy loss's knobs from this row."""
+        return LossParams(eps_low=self.eps_low, eps_high=self.eps_high, dual_clip=self.dual_clip)
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (for logging / run metadata)."""

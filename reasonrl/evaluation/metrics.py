@@ -24,6 +24,7 @@ __all__ = [
     "bootstrap_ci",
     "majority_vote",
     "maj_at_n",
+    "pass_at_k",
     "pass_at_k_mean",
     "per_problem_accuracy",
     "per_problem_maj",
@@ -65,11 +66,31 @@ def avg_at_n(correct: Sequence[Sequence[bool]]) -> float:
     return _mean(per_problem_accuracy(correct))
 
 
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k (Chen et al. 2021): the one implementation in ``reasonrl.algos``."""
-    from reasonrl.algos.evaluation import pass_at_k
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator (Chen et al. 2021, "Evaluating Large Language Models Trained on
+    Code"): the probability that at least one of k samples drawn without replacement from n
+    samples, c of them correct, is correct.
 
-    return pass_at_k(n, c, k)
+        pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i)
+
+    computed in the product form (no huge binomials). 1.0 when n - c < k (every k-subset holds a
+    correct sample); 0.0 when c = 0. pass@1 = c / n (= avg@n).
+
+    Raises:
+        ValueError: k < 1, n < 1, c < 0, k > n or c > n.
+    """
+    if n < 1 or k < 1 or c < 0:
+        raise ValueError(f"need n >= 1, k >= 1, c >= 0; got n={n}, c={c}, k={k}")
+    if k > n:
+        raise ValueError(f"k ({k}) cannot exceed the number of samples n ({n})")
+    if c > n:
+        raise ValueError(f"c ({c}) cannot exceed the number of samples n ({n})")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
 
 
 def per_problem_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> list[float]:
@@ -80,7 +101,7 @@ def per_problem_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> list[flo
         n = len(samples)
         if k > n:
             raise ValueError(f"pass@{k} needs at least {k} samples, problem {p} has {n}")
-        out.append(_pass_at_k(n, sum(bool(c) for c in samples), k))
+        out.append(pass_at_k(n, sum(bool(c) for c in samples), k))
     return out
 
 

@@ -5,11 +5,9 @@
 - :func:`score` / :func:`math_reward`: +1 / -1 for one response, in this process, no timeout.
 - :class:`RewardScorer`: batches, with math-verify in killable worker processes and a per-item
   timeout; what training should use.
-- :func:`overlong_penalty`: DAPO's soft overlong punishment.
 """
 
 from reasonrl.rewards.extract import extract_answer, find_boxed
-from reasonrl.rewards.overlong import overlong_penalty
 from reasonrl.rewards.scorer import RewardScorer, ScoreStats, default_num_workers
 from reasonrl.rewards.verify import (
     CORRECT_REWARD,
@@ -37,6 +35,5 @@ __all__ = [
     "integer_equivalent",
     "math_reward",
     "math_verify_equivalent",
-    "overlong_penalty",
     "score",
 ]

@@ -46,7 +46,7 @@ def _stage_cfg(cls: type, recipes: Path, name: str, stage: str, **over: Any) -> 
     if not (recipes / name).is_file():
         raise ReasonRLError(f"recipe {recipes / name} not found: pass --recipes with a folder holding the *-cpu.toml recipes (the repository's stages/)")
     recipe = load_recipe(recipes / name)
-    return build_config(cls, recipe_layer(recipe, stage), {k: v for k, v in over.items() if v is not None})
+    return build_config(cls, recipe_layer(recipe, stage, cls), {k: v for k, v in over.items() if v is not None})
 
 
 def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import torch
 
 from reasonrl import algos as A
 from reasonrl.artifacts import prepare_out_dir, read_manifest, write_json, write_manifest
-from reasonrl.config import check, opt, to_dict
+from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.stages.options import ModelOpts, SamplingOpts
@@ -32,7 +32,9 @@ BACKENDS = ("torch", "deepspeed")
 class TrainConfig(ModelOpts, SamplingOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
-    algo: str = opt("dapo", "Algorithm row: ppo, vcppo, grpo or dapo (see the --algo table in the README).")
+    algo: str = opt("dapo", "Algorithm row of reasonrl.algos.ALGOS: ppo, vcppo, grpo or dapo (see the --algo table in the README).")
+    algo_overrides: dict = section(A.AlgoSpec, "Fields of the --algo row to change for this run (--eps-high 0.3, [algo] table, --set algo.eps_high=0.3).",
+                                   table="algo", name_field="algo")
     critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo); ppo starts a fresh one from the policy when omitted.")
     steps: int = opt(20, "Training steps (each: rollout, rewards, filtering, advantages, updates).")
     prompts_per_step: int = opt(16, "Prompts per training step over all processes (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
@@ -46,13 +48,6 @@ class TrainConfig(ModelOpts, SamplingOpts):
     warmup_steps: int = opt(0, "Linear LR warm-up, in training steps (DAPO: 20), then constant.")
     weight_decay: float = opt(0.1, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
-    eps_low: float | None = opt(None, "Lower clip ε (default: the algo's row).")
-    eps_high: float | None = opt(None, "Upper clip ε (default: the algo's row; DAPO 0.28).")
-    dual_clip: float | None = opt(None, "Dual-clip constant c for negative advantages (e.g. 3.0; off by default).")
-    loss_agg: str | None = opt(None, "Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm (default: the algo's row).")
-    kl_coef: float | None = opt(None, "KL penalty coefficient against the initial policy, in the loss (default: the algo's row; DAPO 0).")
-    lam_actor: float | None = opt(None, "GAE λ for the actor's advantages (default: the algo's row).")
-    lam_critic: float | None = opt(None, "GAE λ for the critic's targets (default: the algo's row).")
     overlong_cache_len: int | None = opt(None, "Soft overlong punishment buffer L_cache (DAPO: 4096 of 20480): punishment starts at max_response_len − overlong_cache_len; default max_response_len // 5, the paper's ratio.")
     backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
@@ -66,9 +61,7 @@ class TrainConfig(ModelOpts, SamplingOpts):
     def __post_init__(self) -> None:
         self._check_model()
         self._check_sampling()
-        from reasonrl.algos import ALGOS
-
-        check(self.algo in ALGOS, f"unknown --algo '{self.algo}': choose one of {', '.join(ALGOS)}")
+        check(self.algo in A.ALGOS, f"unknown --algo '{self.algo}': choose one of {', '.join(A.ALGOS)}")
         check(self.steps >= 1, "steps must be >= 1")
         check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
         check(self.mini_batch_size >= 1 and self.micro_batch_size >= 1, "mini_batch_size and micro_batch_size must be >= 1")
@@ -83,25 +76,18 @@ class TrainConfig(ModelOpts, SamplingOpts):
         check(self.backend in BACKENDS, f"backend must be one of {BACKENDS}, got '{self.backend}'")
         check(self.zero in (0, 1, 2, 3), "zero must be 0, 1, 2 or 3")
         check(not (self.resume and self.overwrite), "--resume and --overwrite conflict: choose one")
-        for name in ("eps_low", "eps_high"):
-            v = getattr(self, name)
-            check(v is None or 0 <= v < 1, f"{name} must be in [0, 1)")
-        check(self.dual_clip is None or self.dual_clip > 1, "dual_clip must be > 1 (DAPO/VC-PPO use 3)")
-        if self.loss_agg is not None:
-            from reasonrl.algos import AGG_MODES
-
-            check(self.loss_agg in AGG_MODES, f"loss_agg must be one of {', '.join(AGG_MODES)}")
+        self.algo_spec()  # the row with its overrides must validate
         world = int(os.environ.get("WORLD_SIZE", "1")) if self.backend == "deepspeed" else 1
         check(self.mini_batch_size % world == 0, f"mini_batch_size ({self.mini_batch_size}) must be divisible by the number of processes ({world})")
         check(self.micro_batch_size <= self.mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({self.mini_batch_size // world})")
         check(self.save_every >= 0 and self.log_every >= 1, "save_every must be >= 0 and log_every >= 1")
 
-
-def algo_spec(cfg: TrainConfig) -> A.AlgoSpec:
-    """The algo's row with the config's explicit overrides applied."""
-    spec = A.get_algo(cfg.algo)
-    over = {k: getattr(cfg, k) for k in ("eps_low", "eps_high", "dual_clip", "loss_agg", "kl_coef", "lam_actor", "lam_critic") if getattr(cfg, k) is not None}
-    return dataclasses.replace(spec, **over) if over else spec
+    def algo_spec(self) -> A.AlgoSpec:
+        """The --algo row with this run's overrides applied."""
+        try:
+            return A.ALGOS[self.algo].replace(**self.algo_overrides)
+        except ValueError as e:
+            raise ReasonRLError(f"{e}: change the override (see `reasonrl train --help`)") from None
 
 
 def critic_dir(path: str | Path) -> Path:
@@ -141,7 +127,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from reasonrl.train.step import train_step
 
     console = console or Console(stderr=True)
-    spec = algo_spec(cfg)
+    spec = cfg.algo_spec()
     out = Path(cfg.out)
     # Validate every input before anything is written.
     rows = load_prepared(cfg.data, "train")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from reasonrl import algos as A
-from reasonrl.algos.metrics import clipfrac_by_prob_bucket
+from reasonrl.algos.metrics import clip_by_prob_bucket
 from reasonrl.devices import autocast_ctx
 from reasonrl.samples import Sample
 from reasonrl.train.batch import Batch, build_batch, response_logits, response_values
@@ -151,6 +151,7 @@ class Learner:
     def update_policy(self, st: StepTensors) -> dict[str, float]:
         s = self.spec
         agg = s.loss_agg
+        params = s.loss_params()
         max_len = self.max_len
         metrics: dict[str, list[float]] = {}
         buckets: dict[str, float] = {}  # DAPO fig. 3a counts, from the ratios of the last epoch's updates
@@ -168,8 +169,9 @@ class Learner:
                 logp = A.logprobs_from_logits(logits, mb.response_ids)
                 del logits
                 adv = st.advantages[idx, :t].to(dev)
-                loss, m = A.policy_loss(logp, st.old_logp[idx, :t].to(dev), adv, mb.mask, eps_low=s.eps_low, eps_high=s.eps_high,
-                                        dual_clip=s.dual_clip, agg=agg, max_len=max_len)
+                old = st.old_logp[idx, :t].to(dev)
+                out = A.POLICY_LOSSES[s.policy_loss](logp, old, adv, mb.mask, params=params, agg=agg, max_len=max_len)
+                loss, m = out.loss, out.metrics
                 if s.kl_coef > 0 and not s.kl_in_reward and st.ref_logp is not None:
                     kl = A.kl_penalty(logp, st.ref_logp[idx, :t].to(dev), s.kl_kind)
                     kl_loss = A.aggregate(kl, mb.mask, agg, max_len=max_len)
@@ -177,9 +179,7 @@ class Learner:
                     m["kl_ref"] = float(kl_loss.detach())
                 m["pg_loss"] = float(loss.detach())
                 if track:
-                    with torch.no_grad():
-                        ratio = torch.exp((logp.detach() - st.old_logp[idx, :t].to(dev)).clamp(-20, 20))
-                        bm = clipfrac_by_prob_bucket(st.old_logp[idx, :t].to(dev), ratio, adv, mb.mask, s.eps_low, s.eps_high)
+                    bm = clip_by_prob_bucket(old, out.clip_upper, out.clip_lower, mb.mask)
                     for k, v in bm.items():
                         if k.startswith("tokens/"):
                             b = k[len("tokens/"):]

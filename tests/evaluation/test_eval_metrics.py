@@ -7,7 +7,7 @@ from math import comb
 import pytest
 
 from reasonrl.evaluation.metrics import (
-    _pass_at_k,
+    pass_at_k,
     _quantile,
     avg_at_n,
     bootstrap_ci,
@@ -40,7 +40,7 @@ def test_avg_at_n() -> None:
     ],
 )
 def test_pass_at_k_estimator(n: int, c: int, k: int, expected: float) -> None:
-    assert _pass_at_k(n, c, k) == pytest.approx(expected)
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
 
 
 def test_pass_at_k_mean() -> None:

@@ -11,7 +11,6 @@ from reasonrl.rewards import (
     answers_equivalent,
     integer_equivalent,
     math_reward,
-    overlong_penalty,
     score,
 )
 
@@ -101,11 +100,3 @@ def test_in_process_reward_works_in_a_thread() -> None:
     t.start()
     t.join(60)
     assert not errors and out == [1.0]
-
-
-@pytest.mark.parametrize(
-    ("length", "expected"),
-    [(0, 0.0), (16384, 0.0), (16385, -1 / 4096), (18432, -0.5), (20480, -1.0), (20481, -1.0)],
-)
-def test_overlong_penalty(length: int, expected: float) -> None:
-    assert overlong_penalty(length, 20480, 4096) == pytest.approx(expected)
