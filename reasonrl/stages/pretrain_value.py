@@ -55,7 +55,9 @@ def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
 
     learner.advantages(st, group_size=group_size)
     vl, _ = A.value_loss(st.values, st.values, st.returns, st.batch.valid)
-    m = position_metrics(st)
+    pos = position_metrics(st)
+    m = {"value_by_position": pos["critic/value_by_position"], "advantage_by_position": pos["actor/advantage_by_position"],
+         "explained_variance": pos["critic/explained_variance"]}
     m["value_loss"] = float(vl)
     m["value_mean"] = float(A.masked_mean(st.values, st.batch.valid))
     m["advantage_mean"] = float(A.masked_mean(st.advantages, st.batch.valid))
@@ -127,7 +129,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
             history.append(m)
             append_jsonl(out / "metrics.jsonl", m)
             console.print(f"value step {step}/{cfg.steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
-                          f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('acc_mean', 0):.3f}")
+                          f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('rollout/acc_mean', 0):.3f}")
         held_st = learner.prepare(held_col.groups)  # values under the trained critic, same responses
         after = _picture(learner, held_st, cfg.group_size)
     finally:

@@ -193,7 +193,7 @@ class Learner:
             out = self.policy_backend.step(micros, loss_fn)
             for k, v in out.items():
                 metrics.setdefault(k, []).append(v)
-        res: dict[str, Any] = {k: sum(v) / len(v) for k, v in metrics.items()}
+        res: dict[str, Any] = {f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
         by_prob: dict[str, float] = {}
         for k, n in buckets.items():
             if k.startswith("tokens/"):
@@ -201,7 +201,7 @@ class Learner:
                 by_prob[k] = n
                 for kind in ("clip_upper", "clip_lower"):
                     by_prob[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) / n if n else 0.0
-        res["clipfrac_by_prob"] = by_prob
+        res["actor/clipfrac_by_prob"] = by_prob
         return res
 
     def update_critic(self, st: StepTensors) -> dict[str, float]:
@@ -218,7 +218,8 @@ class Learner:
                 v = response_values(model, mb)
                 loss, m = A.value_loss(v, st.values[idx, :t].to(dev), st.returns[idx, :t].to(dev), mb.valid, clip=s.value_clip, agg="token-mean")
                 m["vf_loss"] = float(loss.detach())
-                return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float))}
+                # (explained variance is logged once per step, of the values the advantages used)
+                return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float)) and k != "explained_variance"}
 
             if not micros:
                 continue

@@ -1,5 +1,9 @@
 """What a step logs: rollout statistics over every generated response, the kept batch, dynamic
-sampling's counts, VC-PPO's by-position picture; the console line; ``metrics.jsonl``."""
+sampling's counts, VC-PPO's by-position picture; the console line; ``metrics.jsonl``.
+
+Names are namespaced the way verl users read them: ``rollout/…`` (what was sampled and scored),
+``actor/…`` (the policy update), ``critic/…`` (the value model), ``perf/…`` (throughput and time);
+``val/…`` is evaluation's. The README's glossary lists every name."""
 
 from __future__ import annotations
 
@@ -22,33 +26,33 @@ def rollout_metrics(col: Collected, st: StepTensors | None) -> dict[str, Any]:
     if gen:
         lens = [s.length for s in gen]
         m.update({
-            "reward_mean": sum(s.reward for s in gen) / len(gen),
-            "shaped_reward_mean": sum(s.shaped_reward for s in gen) / len(gen),
-            "acc_mean": sum(s.correct for s in gen) / len(gen),
-            "response_length_mean": sum(lens) / len(lens),
-            "response_length_max": max(lens),
-            "truncated_frac": sum(s.truncated for s in gen) / len(gen),
-            "no_answer_frac": sum(s.extracted is None for s in gen) / len(gen),
+            "rollout/reward_mean": sum(s.reward for s in gen) / len(gen),
+            "rollout/shaped_reward_mean": sum(s.shaped_reward for s in gen) / len(gen),
+            "rollout/acc_mean": sum(s.correct for s in gen) / len(gen),
+            "rollout/response_length_mean": sum(lens) / len(lens),
+            "rollout/response_length_max": max(lens),
+            "rollout/truncated_frac": sum(s.truncated for s in gen) / len(gen),
+            "rollout/no_answer_frac": sum(s.extracted is None for s in gen) / len(gen),
         })
     kept = [s for g in col.groups for s in g]
     if kept:
-        m["batch_acc_mean"] = sum(s.correct for s in kept) / len(kept)
-        m["batch_size"] = len(kept)
+        m["rollout/batch_acc_mean"] = sum(s.correct for s in kept) / len(kept)
+        m["rollout/batch_size"] = len(kept)
     m.update({
-        "ds_rounds": col.rounds,
-        "ds_generated_groups": col.generated_groups,
-        "ds_kept_groups": col.kept_groups,
-        "ds_kept_frac": col.kept_groups / col.generated_groups if col.generated_groups else 0.0,
-        "ds_dropped_all_correct": col.dropped_all_correct,
-        "ds_dropped_all_wrong": col.dropped_all_wrong,
-        "gen_tokens": col.stats.gen_tokens,
-        "gen_tokens_per_s": col.stats.gen_tokens / col.gen_seconds if col.gen_seconds else 0.0,
-        "skipped_long_prompts": col.stats.skipped_long_prompts,
-        "verifier_timeouts": col.stats.scorer.get("timeouts", 0),
-        "verifier_errors": col.stats.scorer.get("errors", 0),
+        "rollout/ds_rounds": col.rounds,
+        "rollout/ds_generated_groups": col.generated_groups,
+        "rollout/ds_kept_groups": col.kept_groups,
+        "rollout/ds_kept_frac": col.kept_groups / col.generated_groups if col.generated_groups else 0.0,
+        "rollout/ds_dropped_all_correct": col.dropped_all_correct,
+        "rollout/ds_dropped_all_wrong": col.dropped_all_wrong,
+        "rollout/gen_tokens": col.stats.gen_tokens,
+        "perf/gen_tokens_per_s": col.stats.gen_tokens / col.gen_seconds if col.gen_seconds else 0.0,
+        "rollout/skipped_long_prompts": col.stats.skipped_long_prompts,
+        "rollout/verifier_timeouts": col.stats.scorer.get("timeouts", 0),
+        "rollout/verifier_errors": col.stats.scorer.get("errors", 0),
     })
     if st is not None:
-        m["entropy"] = float(A.masked_mean(st.entropy, st.batch.valid)) if st.batch.valid.sum() > 0 else 0.0
+        m["actor/entropy"] = float(A.masked_mean(st.entropy, st.batch.valid)) if st.batch.valid.sum() > 0 else 0.0
     return m
 
 
@@ -56,11 +60,11 @@ def position_metrics(st: StepTensors, n_bins: int = 16) -> dict[str, Any]:
     """VC-PPO's bias picture: mean value and advantage by token position."""
     m: dict[str, Any] = {}
     if st.advantages is not None:
-        m["advantage_by_position"] = mean_by_position(st.advantages, st.batch.valid, n_bins=n_bins)
+        m["actor/advantage_by_position"] = mean_by_position(st.advantages, st.batch.valid, n_bins=n_bins)
     if st.values is not None:
-        m["value_by_position"] = mean_by_position(st.values, st.batch.valid, n_bins=n_bins)
+        m["critic/value_by_position"] = mean_by_position(st.values, st.batch.valid, n_bins=n_bins)
         if st.returns is not None:
-            m["explained_variance"] = float(explained_variance(st.values, st.returns, st.batch.valid))
+            m["critic/explained_variance"] = float(explained_variance(st.values, st.returns, st.batch.valid))
     return m
 
 
@@ -75,16 +79,16 @@ def log_line(step: int, steps: int, m: dict[str, Any]) -> str:
 
     parts = [
         f"step {step}/{steps}",
-        f"reward {g('reward_mean')}",
-        f"acc {g('acc_mean')}",
-        f"ent {g('entropy')}",
-        f"clip↑ {g('clipfrac_upper', '{:.4f}')}",
-        f"clip↓ {g('clipfrac_lower', '{:.4f}')}",
-        f"len {g('response_length_mean', '{:.0f}')}",
-        f"trunc {g('truncated_frac', '{:.2f}')}",
-        f"kept {m.get('ds_kept_groups', '-')}/{m.get('ds_generated_groups', '-')} ({m.get('ds_rounds', '-')} rnd)",
-        f"gen {g('gen_tokens_per_s', '{:.0f}')} tok/s",
-        f"train {g('train_tokens_per_s', '{:.0f}')} tok/s",
+        f"reward {g('rollout/reward_mean')}",
+        f"acc {g('rollout/acc_mean')}",
+        f"ent {g('actor/entropy')}",
+        f"clip↑ {g('actor/clipfrac_upper', '{:.4f}')}",
+        f"clip↓ {g('actor/clipfrac_lower', '{:.4f}')}",
+        f"len {g('rollout/response_length_mean', '{:.0f}')}",
+        f"trunc {g('rollout/truncated_frac', '{:.2f}')}",
+        f"kept {m.get('rollout/ds_kept_groups', '-')}/{m.get('rollout/ds_generated_groups', '-')} ({m.get('rollout/ds_rounds', '-')} rnd)",
+        f"gen {g('perf/gen_tokens_per_s', '{:.0f}')} tok/s",
+        f"train {g('perf/train_tokens_per_s', '{:.0f}')} tok/s",
     ]
     if "critic/vf_loss" in m:
         parts.insert(5, f"vf {g('critic/vf_loss')}")

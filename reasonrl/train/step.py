@@ -28,7 +28,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     agree_on_batch(col, learner.world)
     if not col.groups:
         m.update(rollout_metrics(col, None))
-        m["skipped_update"] = 1
+        m["actor/skipped_update"] = 1
         if learner.policy_backend is not None:
             learner.policy_backend.scheduler_step()
         m["_samples"] = col.generated
@@ -49,14 +49,14 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     train_s = time.perf_counter() - t0
     m.update(position_metrics(st))
     n_tok = int(st.batch.attention_mask.sum())
-    m["train_tokens"] = n_tok
-    m["train_tokens_per_s"] = n_tok * learner.epochs / max(train_s, 1e-9)  # tokens through the policy update per second
+    m["perf/train_tokens"] = n_tok
+    m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(train_s, 1e-9)  # tokens through the policy update per second
 
     # 5. Sync: the new policy weights into the generation engine.
     t0 = time.perf_counter()
     engine.update_weights(learner.policy_backend.full_state_dict())
-    m["weight_sync_s"] = time.perf_counter() - t0
-    m["step_seconds"] = time.perf_counter() - t_step
+    m["perf/weight_sync_s"] = time.perf_counter() - t0
+    m["perf/step_seconds"] = time.perf_counter() - t_step
     m["_samples"] = col.generated
     return m
 

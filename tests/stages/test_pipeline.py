@@ -53,7 +53,7 @@ def test_chain(prepared, tiny_model, tmp_path):
         assert r.exit_code == 0, f"{algo}: {r.output}"
         lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
         assert [m["step"] for m in lines] == [1, 2], algo
-        for key in ("reward_mean", "acc_mean", "response_length_mean", "truncated_frac", "ds_rounds", "gen_tokens_per_s"):
+        for key in ("rollout/reward_mean", "rollout/acc_mean", "rollout/response_length_mean", "rollout/truncated_frac", "rollout/ds_rounds", "perf/gen_tokens_per_s"):
             assert key in lines[0], (algo, key)
         AutoModelForCausalLM.from_pretrained(out / "policy")
         man = json.loads((out / "manifest.json").read_text())

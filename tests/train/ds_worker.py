@@ -65,7 +65,7 @@ def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:
     loop.advantages(st, group_size=GROUP_SIZE)
     m = loop.update_policy(st)
     loop.policy_backend.scheduler_step()
-    return {k: float(v) for k, v in m.items() if isinstance(v, (int, float))}
+    return {k.removeprefix("actor/"): float(v) for k, v in m.items() if isinstance(v, (int, float))}
 
 
 def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path) -> dict[str, Any] | None:

@@ -183,7 +183,7 @@ def test_cli_train_zero2_torchrun(format_model, toy_data, tmp_path):
     _launch(2, _train_args(format_model, toy_data, out, zero=2, steps=3))
     m = _metrics(out)
     assert [r["step"] for r in m] == [1, 2, 3]
-    assert [r["lr"] for r in m] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
+    assert [r["actor/lr"] for r in m] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
     assert (out / "manifest.json").is_file()
     state = out / "checkpoints" / "step_3" / "policy_state" / "state"
@@ -201,5 +201,5 @@ def test_cli_train_zero3_torchrun_resume(format_model, toy_data, tmp_path):
     m = _metrics(out)
     assert [r["step"] for r in m] == [1, 2, 3]
     # The LR warm-up continued from the saved scheduler (a fresh one would restart at 2.5e-4).
-    assert [r["lr"] for r in m] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
+    assert [r["actor/lr"] for r in m] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
     _check_policy(out, format_model)

@@ -37,8 +37,8 @@ def test_reward_rises(algo, format_model, toy_data, tmp_path):
                       group_size=8, max_response_len=8, overlong_cache_len=2, engine="hf", dtype="fp32", lr=2e-3, mini_batch_size=32,
                       micro_batch_size=32, max_gen_rounds=3, seed=0)
     hist = run_train(cfg)["history"]
-    rewards = [h["reward_mean"] for h in hist]
+    rewards = [h["rollout/reward_mean"] for h in hist]
     first = sum(rewards[:2]) / 2
     last = sum(rewards[-3:]) / 3
     assert last > first + 0.4, rewards
-    assert hist[-1]["acc_mean"] > 0.5, rewards
+    assert hist[-1]["rollout/acc_mean"] > 0.5, rewards
