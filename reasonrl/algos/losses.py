@@ -58,7 +58,7 @@ class PolicyLoss(Protocol):
     """The keyword signature every entry of ``POLICY_LOSSES`` has."""
 
     def __call__(self, logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, *, params: LossParams, agg: str = ...,
-                 max_len: int | None = ..., denominator: float | Tensor | None = ...) -> PolicyLossOutput: ...
+                 max_len: int | None = ..., denominator: float | Tensor | None = ..., is_weights: Tensor | None = ...) -> PolicyLossOutput: ...
 
 
 def _check_shapes(logp: Tensor, logp_old: Tensor, advantages: Tensor) -> Tensor:
@@ -84,6 +84,7 @@ def ppo_clip_loss(
     agg: str = "token-mean",
     max_len: int | None = None,
     denominator: float | Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped surrogate policy loss with decoupled clip range (DAPO "Clip-Higher", eq. 10).
 
@@ -105,6 +106,8 @@ def ppo_clip_loss(
         params: ``eps_low``, ``eps_high`` (clip range [1 - eps_low, 1 + eps_high]) and
             ``dual_clip`` (c > 1, or None for no dual clip).
         agg, max_len, denominator: see :func:`reasonrl.algos.aggregation.aggregate`.
+        is_weights: optional (B, T) importance weights (constant), multiplied onto each token's
+            clipped loss before aggregation (rollout/trainer mismatch correction, e.g. truncated IS).
 
     Returns:
         :class:`PolicyLossOutput`: the loss, the ratio and the clip masks, and metrics (python floats; 0.0 when no token is counted):
@@ -129,6 +132,8 @@ def ppo_clip_loss(
         cap = -dual_clip * adv
         dual_active = neg & (loss_mat > cap)
         loss_mat = torch.where(neg, torch.minimum(loss_mat, cap), loss_mat)
+    if is_weights is not None:
+        loss_mat = loss_mat * is_weights.detach().to(loss_mat.dtype)
     loss = aggregate(loss_mat, m, agg, max_len=max_len, denominator=denominator)
 
     with torch.no_grad():
@@ -174,6 +179,7 @@ def policy_loss(
     agg: str = "token-mean",
     max_len: int | None = None,
     denominator: float | Tensor | None = None,
+    is_weights: Tensor | None = None,
     **params: float | None,
 ) -> PolicyLossOutput:
     """The policy loss ``loss`` (a key of ``POLICY_LOSSES``) with ``LossParams(**params)``.
@@ -185,7 +191,8 @@ def policy_loss(
         fn = POLICY_LOSSES[loss]
     except KeyError:
         raise ValueError(f"unknown policy loss '{loss}'; valid: {', '.join(POLICY_LOSSES)}") from None
-    return fn(logp, logp_old, advantages, mask, params=LossParams(**params), agg=agg, max_len=max_len, denominator=denominator)
+    return fn(logp, logp_old, advantages, mask, params=LossParams(**params), agg=agg, max_len=max_len, denominator=denominator,
+              is_weights=is_weights)
 
 
 def value_loss(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -67,7 +66,6 @@ class Collected:
     kept_groups: int = 0
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
-    gen_seconds: float = 0.0
 
 
 def shape_rewards(groups: list[list[Sample]], *, overlong_penalty: bool, max_len: int, cache_len: int) -> None:
@@ -110,10 +108,8 @@ class Collector:
             k = math.ceil(need * (self.oversample if dynamic else 1.0))
             rows, idx = self.stream.take(k * self.world)
             rows, idx = rows[self.rank :: self.world], idx[self.rank :: self.world]
-            t0 = time.perf_counter()
             groups, st = generate_rollouts(self.engine, self.tok, self.scorer, rows, self.sampling, max_prompt_len=self.max_prompt_len,
                                            group_offset=self._group_counter)
-            out.gen_seconds += time.perf_counter() - t0
             self._group_counter += len(groups)
             out.stats.merge(st)
             out.rounds += 1

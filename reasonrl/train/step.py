@@ -37,26 +37,30 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights.
     t0 = time.perf_counter()
     st = learner.prepare(col.groups)
+    m["perf/prepare_s"] = time.perf_counter() - t0
     # 3. Advantages.
     learner.advantages(st, group_size=group_size)
     m.update(rollout_metrics(col, st))
     # 4. Updates: the critic, then the policy.
     if learner.critic_backend is not None:
+        t1 = time.perf_counter()
         m.update(learner.update_critic(st))
         learner.critic_backend.scheduler_step()
+        m["perf/update_critic_s"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     m.update(learner.update_policy(st))
     learner.policy_backend.scheduler_step()
-    train_s = time.perf_counter() - t0
+    m["perf/update_actor_s"] = time.perf_counter() - t1
     m.update(position_metrics(st))
     n_tok = int(st.batch.attention_mask.sum())
     m["perf/train_tokens"] = n_tok
-    m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(train_s, 1e-9)  # tokens through the policy update per second
+    m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(time.perf_counter() - t0, 1e-9)  # tokens through the policy update per second
 
     # 5. Sync: the new policy weights into the generation engine.
     t0 = time.perf_counter()
     engine.update_weights(learner.policy_backend.full_state_dict())
     m["perf/weight_sync_s"] = time.perf_counter() - t0
-    m["perf/step_seconds"] = time.perf_counter() - t_step
+    m["perf/step_s"] = time.perf_counter() - t_step
     m["_samples"] = col.generated
     return m
 
