@@ -14,13 +14,24 @@ _WRAPPERS = [
     (re.compile(r"^\\text(?:bf|rm)?\s*\{(.*)\}$", re.S), 1),
     (re.compile(r"^\\mathbf\s*\{(.*)\}$", re.S), 1),
 ]
-# Units that may follow an integer without changing it ("540 dollars", "12 cm", "90^\\circ").
-# A unit is a separate word of two or more letters; constants and multipliers ("3pi", "5x",
-# "2 thousand", "1 million") are not units, so those answers are not read as integers.
-_NOT_UNITS = r"(?:pi|million|millions|billion|billions|thousand|thousands|hundred|hundreds|dozen|dozens|trillion|times|squared|cubed|sqrt|i|e)\b"
-_WORD = r"(?!" + _NOT_UNITS + r")[a-zA-Z]{2,}\.?"
-_UNIT = (r"(?:\s+" + _WORD + r"(?:\s+" + _WORD + r"){0,2}|\s*(?:\\%|%|\^\\circ|\^\{\\circ\}|°)"
-         r"|\s*\\(?:text|mbox|mathrm)\s*\{\s*+(?!" + _NOT_UNITS + r")[a-zA-Z. ]*\})")
+# Units that may follow an integer without changing it ("540 dollars", "12 cm", "90^\\circ",
+# "5\\text{ cm}", "864 \\mbox{ inches}^2"): a closed list, never arbitrary words, so that
+# "42 and above" or "3 or more" are not read as 42 and 3 (a reward-hacking surface).
+UNIT_WORDS = frozenset("""
+dollar dollars cent cents euro euros yen rupee rupees
+mm cm m km in inch inches ft foot feet yd yard yards mile miles meter meters metre metres
+millimeter millimeters centimeter centimeters kilometer kilometers
+mg g kg gram grams kilogram kilograms lb lbs pound pounds oz ounce ounces ton tons
+ml l liter liters litre litres gallon gallons quart quarts pint pints cup cups
+s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks month months year years
+deg degree degrees radian radians percent mph kph units unit points point
+""".split())
+_MODIFIERS = ("square", "sq", "cubic", "per")
+_UNIT_WORD = r"(?i:(?:" + "|".join(sorted(UNIT_WORDS | set(_MODIFIERS), key=len, reverse=True)) + r")\.?)(?![a-zA-Z])"
+_POWER = r"(?:\^\{?[23]\}?)?"
+_PHRASE = _UNIT_WORD + r"(?:\s+" + _UNIT_WORD + r"){0,2}" + _POWER
+_UNIT = (r"(?:\s*" + _PHRASE + r"|\s*(?:\\%|%|\^\\circ|\^\{\\circ\}|°)"
+         r"|\s*\\(?:text|mbox|mathrm)\s*\{\s*" + _PHRASE + r"\s*\}" + _POWER + r")")
 _INT_RE = re.compile(
     r"^(?:\\?\$)?(?P<sign>[-+−]?)\s*(?:\\?\$)?(?P<num>[0-9]{1,3}(?:(?:,|\{,\}|\\,|\\!|\s)+[0-9]{3})+|[0-9]+)(?:\.0*)?(?:" + _UNIT + r")?$"
 )

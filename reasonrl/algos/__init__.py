@@ -18,8 +18,9 @@ from reasonrl.algos.advantages import (
 )
 from reasonrl.algos.aggregation import AGG_MODES, aggregate
 from reasonrl.algos.kl import KL_ESTIMATORS, kl_penalty
-from reasonrl.algos.logits import entropy_from_logits, logprobs_from_logits
+from reasonrl.algos.logits import Sampling, entropy_from_logits, logprobs_from_logits, sampling_logits
 from reasonrl.algos.losses import POLICY_LOSSES, LossParams, PolicyLossOutput, policy_loss, ppo_clip_loss, value_loss
+from reasonrl.algos.mismatch import TIS_LEVELS, mismatch_metrics, truncated_is_weights
 from reasonrl.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from reasonrl.algos.metrics import clipfrac_by_prob_bucket, explained_variance, mean_by_position
 from reasonrl.algos.rewards import informative_groups, overlong_penalty
@@ -48,9 +49,15 @@ __all__ = [
     # logits
     "entropy_from_logits",
     "logprobs_from_logits",
+    "Sampling",
+    "sampling_logits",
     # rewards / sampling
     "overlong_penalty",
     "informative_groups",
+    # rollout/trainer mismatch
+    "mismatch_metrics",
+    "truncated_is_weights",
+    "TIS_LEVELS",
     # masked helpers
     "masked_sum",
     "masked_mean",

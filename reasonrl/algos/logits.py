@@ -1,4 +1,13 @@
-"""Memory-friendly per-token quantities from logits: entropy and log-probs of given tokens.
+"""Memory-friendly per-token quantities from logits: entropy and log-probs of given tokens, under
+the distribution a sampler actually draws from.
+
+The sampling distribution (:class:`Sampling`, :func:`sampling_logits`) is the one vLLM's sampler
+and ``processed_logprobs`` use (vLLM 0.32 ``v1/sample``): logits / T, then the top-k mask (every
+logit >= the k-th largest is kept, ties included), then the top-p mask over the softmax of what
+top-k kept (a token is kept iff the renormalised mass of the tokens ranked above it is < p; the top
+token always stays), renormalised over the kept set. The transformers engine samples from it and
+the trainer scores every token under it, so the old log-probs, the update's log-probs, the entropy
+and the clip-by-probability buckets all describe the distribution that produced the tokens.
 
 Both work on logits of shape (..., V) and process the flattened leading dims in chunks of
 ``chunk_size`` rows, so a (B, T, 150k) batch never materialises a second full-size tensor
@@ -13,16 +22,40 @@ once (no double backward).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["entropy_from_logits", "logprobs_from_logits", "DEFAULT_CHUNK_SIZE"]
+__all__ = ["Sampling", "sampling_logits", "entropy_from_logits", "logprobs_from_logits", "DEFAULT_CHUNK_SIZE"]
 
 DEFAULT_CHUNK_SIZE = 1024
 """Rows (token positions) per chunk: 1024 x 152k vocab x fp32 = 0.6 GB per temporary."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A sampling distribution: temperature T > 0, top-k (<= 0: off) and top-p (1.0: off)."""
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for a sampling distribution (greedy has none), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def identity(self) -> bool:
+        """True when the distribution is softmax(logits) itself."""
+        return self.temperature == 1.0 and self.top_k <= 0 and self.top_p >= 1.0
+
+
+PLAIN = Sampling()
 
 
 def _upcast(x: Tensor) -> Tensor:
@@ -40,65 +73,111 @@ def _chunks(n: int, step: int) -> range:
     return range(0, n, max(step, 1))
 
 
+def _keep_mask(z: Tensor, sampling: Sampling) -> Tensor | None:
+    """(N, V) bool: the tokens the sampler may draw, from temperature-scaled logits ``z``; None
+    when every token is kept."""
+    keep = None
+    V = z.shape[-1]
+    if 0 < sampling.top_k < V:
+        kth = torch.topk(z, sampling.top_k, dim=-1).values[:, -1:]
+        keep = z >= kth
+    if sampling.top_p < 1.0:
+        zk = z if keep is None else z.masked_fill(~keep, float("-inf"))
+        srt, idx = torch.sort(zk, dim=-1, descending=True)
+        probs = torch.softmax(srt, dim=-1)
+        before = probs.cumsum(-1) - probs  # mass of the tokens ranked above
+        keep_sorted = before < sampling.top_p
+        keep_sorted[:, 0] = True
+        keep_p = torch.zeros_like(keep_sorted).scatter(-1, idx, keep_sorted)
+        keep = keep_p if keep is None else keep & keep_p
+    return keep
+
+
+def _processed(x: Tensor, sampling: Sampling, ids: Tensor | None) -> Tensor:
+    """Temperature-scaled logits with the filtered tokens at the dtype's minimum (upcast like
+    :func:`_upcast`). ``ids`` (N,), when given, are always kept: a sampled token lies in the
+    sampler's kept set even where the trainer's numerics put it a hair outside."""
+    z = _upcast(x)
+    if sampling.identity:
+        return z
+    if sampling.temperature != 1.0:
+        z = z / sampling.temperature
+    keep = _keep_mask(z, sampling)
+    if keep is None:
+        return z
+    if ids is not None:
+        keep = keep.scatter(-1, ids[:, None], True)
+    return z.masked_fill(~keep, torch.finfo(z.dtype).min)
+
+
+def sampling_logits(logits: Tensor, sampling: Sampling = PLAIN) -> Tensor:
+    """The logits of the sampling distribution: ``logits / T`` with the tokens top-k / top-p
+    filter out at -inf (see the module doc for vLLM's order). (..., V) → (..., V), float32 for half
+    precision inputs. ``softmax`` of the result is the distribution sampled from."""
+    lead, V = logits.shape[:-1], logits.shape[-1]
+    z = _processed(logits.reshape(-1, V), sampling, None)
+    return z.masked_fill(z == torch.finfo(z.dtype).min, float("-inf")).reshape(*lead, V)
+
+
 class _ChunkedEntropy(torch.autograd.Function):
     """(N, V) logits -> (N,) entropies; backward dH/dx = -p * (x - sum_v p_v x_v)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, step: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, ids: Tensor | None, step: int, sampling: Sampling) -> Tensor:  # type: ignore[override]
         out = torch.empty(x.shape[0], dtype=_out_dtype(x.dtype), device=x.device)
         for s in _chunks(x.shape[0], step):
-            xc = _upcast(x[s : s + step])
-            p = torch.softmax(xc, dim=-1)
-            out[s : s + step] = torch.logsumexp(xc, dim=-1) - (p * xc).sum(dim=-1)
-        ctx.save_for_backward(x)
-        ctx.step = step
+            zc = _processed(x[s : s + step], sampling, None if ids is None else ids[s : s + step])
+            p = torch.softmax(zc, dim=-1)
+            out[s : s + step] = torch.logsumexp(zc, dim=-1) - (p * zc).sum(dim=-1)
+        ctx.save_for_backward(x, ids)
+        ctx.step, ctx.sampling = step, sampling
         return out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        (x,) = ctx.saved_tensors
-        step = ctx.step
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        x, ids = ctx.saved_tensors
+        step, sampling = ctx.step, ctx.sampling
         grad = torch.empty_like(x)
         for s in _chunks(x.shape[0], step):
-            xc = _upcast(x[s : s + step])
-            p = torch.softmax(xc, dim=-1)
-            mean_x = (p * xc).sum(dim=-1, keepdim=True)
-            gc = g[s : s + step, None].to(xc.dtype)
-            grad[s : s + step] = (-gc * p * (xc - mean_x)).to(x.dtype)
-        return grad, None
+            zc = _processed(x[s : s + step], sampling, None if ids is None else ids[s : s + step])
+            p = torch.softmax(zc, dim=-1)
+            mean_z = (p * zc).sum(dim=-1, keepdim=True)
+            gc = g[s : s + step, None].to(zc.dtype) / sampling.temperature
+            grad[s : s + step] = (-gc * p * (zc - mean_z)).to(x.dtype)
+        return grad, None, None, None
 
 
 class _ChunkedLogprob(torch.autograd.Function):
     """(N, V) logits, (N,) ids -> (N,) x_id - logsumexp(x); backward g * (onehot(id) - p)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, ids: Tensor, step: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, ids: Tensor, step: int, sampling: Sampling) -> Tensor:  # type: ignore[override]
         out = torch.empty(x.shape[0], dtype=_out_dtype(x.dtype), device=x.device)
         for s in _chunks(x.shape[0], step):
-            xc = _upcast(x[s : s + step])
-            picked = xc.gather(-1, ids[s : s + step, None]).squeeze(-1)
-            out[s : s + step] = picked - torch.logsumexp(xc, dim=-1)
+            zc = _processed(x[s : s + step], sampling, ids[s : s + step])
+            picked = zc.gather(-1, ids[s : s + step, None]).squeeze(-1)
+            out[s : s + step] = picked - torch.logsumexp(zc, dim=-1)
         ctx.save_for_backward(x, ids)
-        ctx.step = step
+        ctx.step, ctx.sampling = step, sampling
         return out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
         x, ids = ctx.saved_tensors
-        step = ctx.step
+        step, sampling = ctx.step, ctx.sampling
         grad = torch.empty_like(x)
         for s in _chunks(x.shape[0], step):
-            xc = _upcast(x[s : s + step])
-            gc = g[s : s + step, None].to(xc.dtype)
-            gx = -gc * torch.softmax(xc, dim=-1)
+            zc = _processed(x[s : s + step], sampling, ids[s : s + step])
+            gc = g[s : s + step, None].to(zc.dtype) / sampling.temperature
+            gx = -gc * torch.softmax(zc, dim=-1)
             gx.scatter_add_(-1, ids[s : s + step, None], gc)
             grad[s : s + step] = gx.to(x.dtype)
-        return grad, None, None
+        return grad, None, None, None
 
 
-def _rowwise(kind: str, x: Tensor, ids: Tensor | None, chunk_size: int | None) -> Tensor:
+def _rowwise(kind: str, x: Tensor, ids: Tensor | None, chunk_size: int | None, sampling: Sampling) -> Tensor:
     """Apply the chunked op to ``x`` (..., V) (and ``ids`` (...)), returning (...)."""
     lead = x.shape[:-1]
     V = x.shape[-1]
@@ -111,29 +190,34 @@ def _rowwise(kind: str, x: Tensor, ids: Tensor | None, chunk_size: int | None) -
             x2 = x.view(-1, V)
         except RuntimeError:
             # Not flattenable without a full copy (e.g. logits[:, :-1]): one leading index at a time.
-            parts = [_rowwise(kind, x[i], None if ids is None else ids[i], chunk_size) for i in range(x.shape[0])]
+            parts = [_rowwise(kind, x[i], None if ids is None else ids[i], chunk_size, sampling) for i in range(x.shape[0])]
             return torch.stack(parts)
     n = x2.shape[0]
     if chunk_size is not None and chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0 or None, got {chunk_size}")
     step = max(n, 1) if chunk_size is None else chunk_size
+    flat_ids = None if ids is None else ids.reshape(-1)
     if kind == "entropy":
-        out = _ChunkedEntropy.apply(x2, step)
+        out = _ChunkedEntropy.apply(x2, flat_ids, step, sampling)
     else:
-        assert ids is not None
-        out = _ChunkedLogprob.apply(x2, ids.reshape(-1), step)
+        assert flat_ids is not None
+        out = _ChunkedLogprob.apply(x2, flat_ids, step, sampling)
     return out.view(lead)
 
 
-def entropy_from_logits(logits: Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> Tensor:
-    """Entropy of the categorical distribution softmax(logits) at every position.
+def entropy_from_logits(logits: Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE, *, sampling: Sampling = PLAIN,
+                        token_ids: Tensor | None = None) -> Tensor:
+    """Entropy of the sampling distribution softmax(z) at every position, z = sampling_logits(x).
 
-        H = -sum_v p_v log p_v = logsumexp(x) - sum_v softmax(x)_v * x_v
-        dH/dx_v = -p_v * (x_v - sum_u p_u x_u)
+        H = -sum_v p_v log p_v = logsumexp(z) - sum_v softmax(z)_v * z_v
+        dH/dx_v = -(p_v / T) * (z_v - sum_u p_u z_u)        (filtered tokens: 0)
 
     Args:
         logits: (..., V), e.g. (B, T, V). Any float dtype; half precision is computed in float32.
         chunk_size: rows (flattened leading positions) per chunk; None = all at once.
+        sampling: the sampler's temperature / top-k / top-p (default: softmax(logits) itself).
+        token_ids: (...) the sampled tokens, kept in the filtered set as :func:`logprobs_from_logits`
+            keeps them (so entropy and log-probs describe the same distribution).
 
     Returns:
         (...) entropies (float32, or float64 for float64 logits). Differentiable (once) when
@@ -142,29 +226,40 @@ def entropy_from_logits(logits: Tensor, chunk_size: int | None = DEFAULT_CHUNK_S
     """
     if logits.dim() < 1:
         raise ValueError("logits must have a vocabulary dimension (..., V)")
-    return _rowwise("entropy", logits, None, chunk_size)
+    ids = None if token_ids is None else _check_ids(logits, token_ids)
+    return _rowwise("entropy", logits, ids, chunk_size, sampling)
 
 
-def logprobs_from_logits(logits: Tensor, token_ids: Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE) -> Tensor:
-    """log softmax(logits)[token_id] at every position, without a full log_softmax tensor.
+def logprobs_from_logits(logits: Tensor, token_ids: Tensor, chunk_size: int | None = DEFAULT_CHUNK_SIZE, *,
+                         sampling: Sampling = PLAIN) -> Tensor:
+    """log softmax(z)[token_id] at every position, z = sampling_logits(logits, sampling), without a
+    full log_softmax tensor.
 
-        log p(id) = x_id - logsumexp(x)
-        d/dx_v    = 1[v = id] - p_v
+        log p(id) = z_id - logsumexp(z)
+        d/dx_v    = (1[v = id] - p_v) / T          (filtered tokens: 0)
+
+    The token itself always counts as kept by top-k / top-p (it was sampled, so it was in the
+    sampler's set; a tie or a rounding difference must not make its log-probability -inf).
 
     Args:
         logits: (..., V), e.g. (B, T, V): logits predicting each position (for a causal LM, the
             caller aligns them: ``logits[:, :-1]`` with ``input_ids[:, 1:]``).
         token_ids: (...) integer ids, same leading shape as ``logits``.
         chunk_size: rows per chunk; None = all at once.
+        sampling: the sampler's temperature / top-k / top-p (default: softmax(logits) itself).
 
     Returns:
         (...) log-probs (float32, or float64 for float64 logits), differentiable (once) w.r.t.
         logits.
     """
+    return _rowwise("logprob", logits, _check_ids(logits, token_ids), chunk_size, sampling)
+
+
+def _check_ids(logits: Tensor, token_ids: Tensor) -> Tensor:
     if logits.shape[:-1] != token_ids.shape:
         raise ValueError(
             f"token_ids shape {tuple(token_ids.shape)} must equal logits' leading shape {tuple(logits.shape[:-1])}"
         )
     if token_ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    return _rowwise("logprob", logits, token_ids.long(), chunk_size)
+    return token_ids.long()

@@ -148,3 +148,46 @@ def prefix_mask_lengths(B: int, T: int, seed: int) -> list[int]:
     if B >= 2:
         lengths[1] = T
     return lengths
+
+
+def sampling_logprobs(logits_row: list[float], temperature: float, top_k: int, top_p: float) -> list[float]:
+    """log-probabilities of the sampling distribution (vLLM's order: /T, top-k with ties kept, top-p
+    over the renormalised top-k set keeping a token iff the mass ranked above it is < p); -inf for
+    the filtered tokens."""
+    z = [x / temperature for x in logits_row]
+    keep = [True] * len(z)
+    if 0 < top_k < len(z):
+        kth = sorted(z, reverse=True)[top_k - 1]
+        keep = [x >= kth for x in z]
+    if top_p < 1.0:
+        mx = max(x for x, k in zip(z, keep) if k)
+        w = [math.exp(x - mx) if k else 0.0 for x, k in zip(z, keep)]
+        total = sum(w)
+        order = sorted(range(len(z)), key=lambda i: -z[i])
+        before = 0.0
+        for rank, i in enumerate(order):
+            if keep[i] and not (before < top_p or rank == 0):
+                keep[i] = False
+            before += w[i] / total
+    mx = max(x for x, k in zip(z, keep) if k)
+    lse = mx + math.log(sum(math.exp(x - mx) for x, k in zip(z, keep) if k))
+    return [x - lse if k else float("-inf") for x, k in zip(z, keep)]
+
+
+def mismatch(logp_old: Matrix, logp_sampler: Matrix, mask: Matrix) -> tuple[float, float, float]:
+    """(mean |d|, max |d|, mean k3) over counted tokens, d = logp_old - logp_sampler."""
+    ds = [o - s for ro, rs, rm in zip(logp_old, logp_sampler, mask) for o, s, m in zip(ro, rs, rm) if m]
+    if not ds:
+        return 0.0, 0.0, 0.0
+    return (sum(abs(d) for d in ds) / len(ds), max(abs(d) for d in ds), sum(math.exp(d) - 1 - d for d in ds) / len(ds))
+
+
+def tis_weights(logp_old: Matrix, logp_sampler: Matrix, mask: Matrix, cap: float, level: str) -> Matrix:
+    out = []
+    for ro, rs, rm in zip(logp_old, logp_sampler, mask):
+        if level == "token":
+            out.append([min(math.exp(o - s), cap) if m else 1.0 for o, s, m in zip(ro, rs, rm)])
+        else:
+            prod = math.exp(sum(o - s for o, s, m in zip(ro, rs, rm) if m))
+            out.append([min(prod, cap) if m else 1.0 for m in rm])
+    return out

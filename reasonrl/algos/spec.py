@@ -23,6 +23,7 @@ from reasonrl.algos.advantages import ADVANTAGE_ESTIMATORS
 from reasonrl.algos.aggregation import AGG_MODES
 from reasonrl.algos.kl import KL_ESTIMATORS
 from reasonrl.algos.losses import POLICY_LOSSES, LossParams
+from reasonrl.algos.mismatch import TIS_LEVELS
 
 __all__ = ["AlgoSpec", "ALGOS", "get_algo"]
 
@@ -70,6 +71,11 @@ class AlgoSpec:
     )
     value_clip: float | None = _f(None, "Value-loss clip eps_v around the rollout-time value (None: plain MSE).")
     whiten_advantages: bool = _f(False, "Whiten advantages over the batch's valid tokens after estimation (PPO).")
+    tis_cap: float | None = _f(
+        None, "Truncated importance sampling (Yao et al. 2025): weight each token's loss by min(pi_old / pi_sampler, C), "
+        "correcting the rollout engine's probabilities to the trainer's (None: off, as in the papers' rows; usual C = 2)."
+    )
+    tis_level: str = _f("token", "TIS ratio per 'token', or per 'sequence' (the product of a response's token ratios, on all its tokens).")
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -106,6 +112,10 @@ class AlgoSpec:
             bad(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.kl_in_reward and self.advantage != "gae":
             bad("kl_in_reward needs advantage='gae' (group advantages take one reward per response); use the loss")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            bad(f"tis_cap must be > 0 or None, got {self.tis_cap}")
+        if self.tis_level not in TIS_LEVELS:
+            bad(f"tis_level must be one of {', '.join(TIS_LEVELS)}, got '{self.tis_level}'")
         if self.value_clip is not None and self.value_clip <= 0:
             bad(f"value_clip must be > 0 or None, got {self.value_clip}")
 

@@ -6,8 +6,9 @@ does; only the last position's logits are computed in the prefill.
 
 The loop keeps only the sampled token's log-probability per step (never the full logits), so a
 batch of 256 × 1000 tokens with a 49k vocabulary costs no extra memory. Log-probabilities are
-those of the distribution actually sampled from (after temperature; top-p/top-k renormalised),
-like vLLM's ``processed_logprobs``; the trainer recomputes its own logprobs anyway.
+those of the distribution actually sampled from, ``reasonrl.algos.sampling_logits`` (temperature,
+then top-k, then top-p over the renormalised top-k set, as vLLM's sampler), the same definition
+the trainer scores tokens with; at temperature 0 (greedy) they are ``log_softmax(logits)``.
 """
 
 from __future__ import annotations
@@ -17,22 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
+from reasonrl.algos.logits import Sampling, sampling_logits
 from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
-
-
-def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask logits outside top-k / the top-p nucleus with -inf. (B, V) → (B, V)."""
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        cum = probs.cumsum(-1)
-        remove = cum - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
-    return logits
 
 
 class HFEngine:
@@ -122,6 +109,7 @@ class HFEngine:
         lengths = torch.full((B,), p.max_tokens, dtype=torch.long, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cur_pos = pos[:, -1:]
+        sampling = Sampling(p.temperature, p.top_k, p.top_p) if p.temperature > 0 else None
         for t in range(p.max_tokens):
             if t == 0:
                 logits = logits0.float()
@@ -131,8 +119,7 @@ class HFEngine:
                 nxt = logits.argmax(-1)
                 lp = torch.log_softmax(logits, -1).gather(-1, nxt[:, None]).squeeze(-1)
             else:
-                logits = filter_logits(logits / p.temperature, p.top_k, p.top_p)
-                logp = torch.log_softmax(logits, -1)
+                logp = torch.log_softmax(sampling_logits(logits, sampling), -1)
                 nxt = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
                 lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from reasonrl.errors import ReasonRLError
+from reasonrl.models.loading import disable_dropout
 
 
 def new_value_model(base: str | os.PathLike, *, seed: int = 0) -> Any:
@@ -20,11 +21,21 @@ def new_value_model(base: str | os.PathLike, *, seed: int = 0) -> Any:
 
     torch.manual_seed(seed)
     try:
-        model = AutoModelForTokenClassification.from_pretrained(str(base), num_labels=1, dtype=torch.float32)
+        model = AutoModelForTokenClassification.from_pretrained(str(base), config=_config(base), dtype=torch.float32)
     except Exception as e:  # noqa: BLE001
         raise ReasonRLError(f"cannot build a value model from {base} ({type(e).__name__}): pass a causal-LM directory") from None
     model.config.reasonrl_role = "value"
-    return model
+    return disable_dropout(model)
+
+
+def _config(path: str | os.PathLike) -> Any:
+    """The model's config with one scalar output and the head's dropout at 0 (transformers'
+    token-classification head otherwise defaults to 0.1)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(path), num_labels=1)
+    cfg.classifier_dropout = 0.0
+    return cfg
 
 
 def load_value_model(path: str | os.PathLike) -> Any:
@@ -32,10 +43,10 @@ def load_value_model(path: str | os.PathLike) -> Any:
     from transformers import AutoModelForTokenClassification
 
     try:
-        model = AutoModelForTokenClassification.from_pretrained(str(path), num_labels=1, dtype=torch.float32)
+        model = AutoModelForTokenClassification.from_pretrained(str(path), config=_config(path), dtype=torch.float32)
     except Exception as e:  # noqa: BLE001
         raise ReasonRLError(f"cannot load the critic from {path} ({type(e).__name__}): run `reasonrl pretrain-value` first") from None
-    return model
+    return disable_dropout(model)
 
 
 def token_values(model: Any, input_ids: Any, attention_mask: Any) -> Any:

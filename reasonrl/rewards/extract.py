@@ -11,39 +11,32 @@ import re
 
 __all__ = ["extract_answer", "find_boxed"]
 
-# A line whose content starts with "Answer:", allowing markdown decoration before and around the
-# keyword: "Answer: 42", "**Answer:** 42", "**Answer: 42**", "## Answer: 42", "> *Answer*: 42".
-_ANSWER_LINE = re.compile(
-    r"^[ \t>#*_\-]*answer[ \t]*[*_]*[ \t]*:(?P<rest>.*)$",
-    re.IGNORECASE | re.MULTILINE,
-)
+# The last "answer:" of the response, the keyword matched without case and with markdown around it
+# ("Answer: 42", "**Final Answer:** 42", "**Answer: 42**", "## Answer: 42", "> *Answer*: 42"); the
+# rest of that line is the answer. Possessive quantifiers keep the scan linear-time.
+_ANSWER = re.compile(r"\banswer[ \t*_]*+:(?P<rest>[^\n]*+)", re.IGNORECASE)
 # Markdown bold/italic markers around the answer itself: "**42**", "__42__".
 _EDGE_MARKUP = re.compile(r"^(?:\*+|_{2,})|(?:\*+|_{2,})$")
-_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*+\{")
 
 
-def _balanced_group(text: str, open_pos: int) -> str | None:
-    """The text inside the brace group that opens at ``text[open_pos] == "{"``.
-
-    Escaped braces (``\\{``, ``\\}``) do not count. None when the group is never closed (a
-    truncated response).
-    """
-    depth = 0
-    i = open_pos
-    n = len(text)
+def _brace_pairs(text: str) -> dict[int, int]:
+    """Position of each "{" → position of its matching "}", in one pass (escaped braces ``\\{`` and
+    ``\\}`` do not count; unclosed groups have no entry). Linear time, whatever the nesting."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    i, n = 0, len(text)
     while i < n:
         ch = text[i]
         if ch == "\\":
-            i += 2  # skip the escaped character: "\{" and "\}" are literal braces
+            i += 2
             continue
         if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_pos + 1 : i]
+            stack.append(i)
+        elif ch == "}" and stack:
+            pairs[stack.pop()] = i
         i += 1
-    return None
+    return pairs
 
 
 def find_boxed(text: str) -> list[str]:
@@ -51,13 +44,17 @@ def find_boxed(text: str) -> list[str]:
 
     Nested braces are kept (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``); unclosed or empty
     boxes are skipped. Occurrences are ordered by where they start, so for
-    ``\\boxed{\\boxed{5}}`` the inner ``5`` comes last.
+    ``\\boxed{\\boxed{5}}`` the inner ``5`` comes last. Linear time.
     """
+    starts = [m.end() - 1 for m in _BOX_START.finditer(text)]
+    if not starts:
+        return []
+    pairs = _brace_pairs(text)
     found: list[str] = []
-    for m in _BOX_START.finditer(text):
-        inner = _balanced_group(text, m.end() - 1)
-        if inner is not None and inner.strip():
-            found.append(inner.strip())
+    for open_pos in starts:
+        close = pairs.get(open_pos)
+        if close is not None and text[open_pos + 1 : close].strip():
+            found.append(text[open_pos + 1 : close].strip())
     return found
 
 
@@ -74,9 +71,10 @@ def _clean(value: str) -> str:
 def extract_answer(response: str) -> str | None:
     """The response's final answer as a string, or None when it gives none.
 
-    1. The last line of the form ``Answer: X`` (DAPO's template; the keyword is matched without
-       case, markdown bold/headers/quotes around it are allowed). Lines whose ``X`` is empty are
-       skipped. If ``X`` itself holds a ``\\boxed{...}``, the (last) box content is returned.
+    1. The last line containing ``Answer: X`` (DAPO's template; the keyword is matched without
+       case, anywhere in the line, with markdown around it: ``**Final Answer:** X``). ``X`` is the
+       rest of that line; empty ones are skipped. If ``X`` holds a ``\\boxed{...}``, the (last)
+       box content is returned.
     2. Otherwise the content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), with balanced,
        possibly nested braces.
     3. Otherwise None.
@@ -90,7 +88,7 @@ def extract_answer(response: str) -> str | None:
     """
     if not response:
         return None
-    for m in reversed(list(_ANSWER_LINE.finditer(response))):
+    for m in reversed(list(_ANSWER.finditer(response))):
         value = _clean(m.group("rest"))
         if not value:
             continue

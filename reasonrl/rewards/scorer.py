@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from reasonrl.rewards.extract import extract_answer
-from reasonrl.rewards.verify import Score, ScoreStatus, integer_equivalent, math_verify_equivalent
+from reasonrl.rewards.verify import Score, ScoreStatus, decide_by_rule, math_verify_equivalent
 
 __all__ = ["RewardScorer", "ScoreStats", "default_num_workers"]
 
@@ -68,7 +68,7 @@ class ScoreStats:
 
     total: int = 0
     no_answer: int = 0
-    fast_path: int = 0  # both sides integers: compared here, without math-verify
+    fast_path: int = 0  # decided here by rule (both integers, or words foreign to the answer), without math-verify
     verified: int = 0  # sent to math-verify (after de-duplication: ``verifier_calls`` calls)
     verifier_calls: int = 0
     timeouts: int = 0
@@ -288,9 +288,9 @@ class RewardScorer:
                 scores[i] = Score.failed(None, "no_answer")
                 stats.no_answer += 1
                 continue
-            as_int = integer_equivalent(extracted, gt)
-            if as_int is not None:
-                scores[i] = Score.decided(extracted, as_int)
+            rule = decide_by_rule(extracted, gt)
+            if rule is not None:
+                scores[i] = Score.decided(extracted, rule)
                 stats.fast_path += 1
                 continue
             pending.setdefault((extracted, str(gt)), []).append(i)

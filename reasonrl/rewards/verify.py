@@ -1,10 +1,13 @@
 """Answer equivalence and the rule-based outcome reward (DAPO eq. 7: +1 correct, -1 otherwise).
 
-Equivalence is decided in two steps:
+Equivalence is decided in three steps:
 
 1. Both sides spell an integer (``reasonrl.answers.parse_integer``: "025", "3,000", "$540$",
-   "540 dollars"): compare the integers, and stop. Nearly every DAPO-Math-17K item ends here.
-2. Anything else goes through math-verify (``parse`` + ``verify``), with the answer wrapped in
+   "540 dollars", a closed list of units): compare the integers, and stop. Nearly every
+   DAPO-Math-17K item ends here.
+2. An answer holding words that are not in the ground truth, not units and not math function
+   names ("42 and above", "3 or more") is wrong (:func:`unexpected_words`).
+3. Anything else goes through math-verify (``parse`` + ``verify``), with the answer wrapped in
    ``$...$`` (math-verify's LaTeX extractor ignores bare LaTeX such as ``2\\sqrt{3}``).
 
 The functions here call math-verify with its own timeout *disabled*: its timeout is based on
@@ -17,6 +20,7 @@ with a per-item timeout.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +33,8 @@ __all__ = [
     "Score",
     "ScoreStatus",
     "answers_equivalent",
+    "decide_by_rule",
+    "unexpected_words",
     "integer_equivalent",
     "math_reward",
     "math_verify_equivalent",
@@ -66,6 +72,37 @@ class Score:
     @classmethod
     def failed(cls, extracted: str | None, status: ScoreStatus) -> Score:
         return cls(WRONG_REWARD, False, extracted, status)
+
+
+#: Words an answer may hold besides the ground truth's own words and units (``reasonrl.answers.UNIT_WORDS``).
+MATH_WORDS = frozenset("sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln lg exp min max gcd lcm mod pmod "
+                       "det dim lim inf sup infty infinity".split())
+_LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
+_WORD = re.compile(r"[a-zA-Z]{2,}")
+
+
+def unexpected_words(pred: str, ground_truth: str | int) -> list[str]:
+    """Words of ``pred`` (runs of 2+ letters outside LaTeX commands) that are neither in the ground
+    truth, nor units, nor math function names: "42 and above" → ["and", "above"].
+
+    math-verify alone is lenient here (it accepts "3 or more" for 3, "42 apples" for 42), a
+    reward-hacking surface; DAPO's own scorer compares normalised strings and rejects them too.
+    """
+    from reasonrl.answers import UNIT_WORDS
+
+    allowed = MATH_WORDS | UNIT_WORDS | {w.lower() for w in _WORD.findall(str(ground_truth))}
+    return [w for w in _WORD.findall(_LATEX_COMMAND.sub(" ", pred)) if w.lower() not in allowed]
+
+
+def decide_by_rule(pred: str, ground_truth: str | int) -> bool | None:
+    """The decision that needs no verifier: integers compare as integers; an answer with words
+    the ground truth does not have (:func:`unexpected_words`) is wrong. None: ask math-verify."""
+    as_int = integer_equivalent(pred, ground_truth)
+    if as_int is not None:
+        return as_int
+    if unexpected_words(pred, ground_truth):
+        return False
+    return None
 
 
 def integer_equivalent(pred: str, ground_truth: str | int) -> bool | None:
@@ -144,9 +181,9 @@ def answers_equivalent(pred: str, ground_truth: str | int) -> bool:
     >>> answers_equivalent("025", "25"), answers_equivalent("3,000", 3000)
     (True, True)
     """
-    as_int = integer_equivalent(pred, ground_truth)
-    if as_int is not None:
-        return as_int
+    rule = decide_by_rule(pred, ground_truth)
+    if rule is not None:
+        return rule
     return math_verify_equivalent(pred, ground_truth)
 
 

@@ -43,6 +43,7 @@ class PretrainValueConfig(ModelOpts, SamplingOpts):
         self._check_model()
         self._check_sampling()
         check(self.steps >= 0, "steps must be >= 0")
+        check(self.temperature > 0, "temperature must be > 0: value pretraining samples the policy's responses (greedy would repeat one)")
         check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
         check(self.micro_batch_size <= self.mini_batch_size, "micro_batch_size cannot exceed mini_batch_size")
         check(self.critic_lr > 0, "critic_lr must be > 0")
@@ -107,7 +108,8 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
                                  sampling=sampling, max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0)
     collector, held = mk(rows), mk(val_rows)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    learner = Learner(spec=spec, policy=policy, policy_backend=None, critic_backend=critic_backend, ref_model=None, pad_id=pad_id,
+    learner = Learner(spec=spec, policy=policy, policy_backend=None, critic_backend=critic_backend, ref_model=None,
+                      sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
                       max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=cfg.mini_batch_size,
                       ppo_epochs=1, dtype=dtype, seed=cfg.seed)
     history: list[dict[str, Any]] = []

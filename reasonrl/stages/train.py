@@ -39,7 +39,8 @@ class TrainConfig(ModelOpts, SamplingOpts):
     steps: int = opt(20, "Training steps (each: rollout, rewards, filtering, advantages, updates).")
     prompts_per_step: int = opt(16, "Prompts per training step over all processes (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
     oversample: float = opt(1.0, "Dynamic sampling: each generation round samples ceil(oversample × still-needed) prompts.")
-    max_gen_rounds: int = opt(10, "Dynamic sampling: cap on generation rounds per step; then train on what was kept (reported).")
+    max_gen_rounds: int = opt(10, "Dynamic sampling: cap on generation rounds per step; then --on-short-batch decides.")
+    on_short_batch: str = opt("train", "When dynamic sampling hits --max-gen-rounds with the batch not full: 'train' on what was kept, 'skip' the update, or 'error' (verl raises).")
     mini_batch_size: int = opt(64, "Responses per optimizer update over all processes: a step makes ceil(batch / mini_batch_size) × ppo_epochs updates.")
     micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process (gradient accumulation inside a mini-batch).")
     ppo_epochs: int = opt(1, "Passes over the step's batch.")
@@ -70,6 +71,9 @@ class TrainConfig(ModelOpts, SamplingOpts):
         check(self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0")
         check(self.oversample >= 1.0, "oversample must be >= 1.0")
         check(self.max_gen_rounds >= 1, "max_gen_rounds must be >= 1")
+        check(self.on_short_batch in ("train", "skip", "error"), f"on_short_batch must be train, skip or error, got '{self.on_short_batch}'")
+        check(self.temperature > 0, "temperature must be > 0 to train: the policy gradient scores each token under the sampling distribution, "
+                                    "which greedy decoding (0) does not have; use temperature 0 only with `reasonrl eval`")
         if self.overlong_cache_len is None:
             self.overlong_cache_len = self.max_response_len // 5
         check(0 <= self.overlong_cache_len < self.max_response_len, f"overlong_cache_len must be in [0, max_response_len={self.max_response_len})")
@@ -199,7 +203,8 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
                           max_prompt_len=cfg.max_prompt_len, overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample,
                           max_rounds=cfg.max_gen_rounds, rank=rank, world=world)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    learner = Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref, pad_id=pad_id,
+    learner = Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref,
+                      sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
                       max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
                       ppo_epochs=cfg.ppo_epochs, dtype=dtype, seed=cfg.seed + start, rank=rank, world=world)
     if rank == 0:
@@ -214,12 +219,17 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     try:
         progress.start()
         for step in range(start + 1, cfg.steps + 1):
-            m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size)
+            m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                           on_short_batch=cfg.on_short_batch)
             samples = m.pop("_samples", [])
             history.append(m)
             progress.advance(task)
             if rank == 0:
                 append_jsonl(out / "metrics.jsonl", m)
+                if m.get("rollout/short_batch"):
+                    done = "update skipped" if m.get("actor/skipped_update") else "trained on them"
+                    progress.console.print(f"[yellow]step {step}: dynamic sampling kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
+                                           f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     progress.console.print(log_line(step, cfg.steps, m))
                 if cfg.keep_rollouts:

@@ -29,11 +29,13 @@ class StepTensors:
     entropy: torch.Tensor  # (B, T)
     rewards: torch.Tensor  # (B,) shaped rewards
     correct: torch.Tensor  # (B,) bool
+    sampler_logp: torch.Tensor  # (B, T) the engine's log-probs of the sampled tokens
     values: torch.Tensor | None = None  # (B, T)
     ref_logp: torch.Tensor | None = None  # (B, T)
+    is_weights: torch.Tensor | None = None  # (B, T) truncated importance-sampling weights (tis_cap)
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
-    extra: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # rollout/trainer mismatch, TIS
 
 
 class Learner:
@@ -44,6 +46,8 @@ class Learner:
         spec: the algo's row.
         policy: the policy model (trained through ``policy_backend``, or frozen).
         ref_model: the reference policy for a KL penalty (None when kl_coef = 0).
+        sampling: the distribution the engine sampled from (temperature, top-k, top-p): every
+            log-probability and entropy the trainer computes is of this distribution.
         pad_id: the tokenizer's pad id.
         max_len: L_max, the generation cap (the constant of "seq-mean-token-sum-norm").
         micro_batch_size, mini_batch_size: per process; ppo_epochs: passes over the batch.
@@ -52,9 +56,10 @@ class Learner:
     """
 
     def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module, policy_backend: Any, critic_backend: Any,
-                 ref_model: torch.nn.Module | None, pad_id: int, max_len: int, micro_batch_size: int, mini_batch_size: int,
-                 ppo_epochs: int, dtype: str, seed: int, rank: int = 0, world: int = 1) -> None:
+                 ref_model: torch.nn.Module | None, sampling: A.Sampling, pad_id: int, max_len: int, micro_batch_size: int,
+                 mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, rank: int = 0, world: int = 1) -> None:
         self.spec, self.policy, self.policy_backend, self.critic_backend, self.ref_model = spec, policy, policy_backend, critic_backend, ref_model
+        self.sampling = sampling
         self.pad_id, self.max_len = pad_id, max_len
         self.micro, self.mini, self.epochs, self.dtype = micro_batch_size, mini_batch_size, ppo_epochs, dtype
         self.rank, self.world = rank, world
@@ -75,6 +80,9 @@ class Learner:
         loss_rows = [not (self.spec.overlong_filter and s.truncated) for s in flat]
         batch = build_batch([s.prompt_ids for s in flat], [s.response_ids for s in flat], pad_id=self.pad_id, loss_rows=loss_rows)
         B, T = batch.response_ids.shape
+        sampler_logp = torch.zeros(B, T)
+        for i, smp in enumerate(flat):
+            sampler_logp[i, : len(smp.logprobs)] = torch.tensor(smp.logprobs, dtype=torch.float32)
         old_logp = torch.zeros(B, T)
         entropy = torch.zeros(B, T)
         ref_logp = torch.zeros(B, T) if self.ref_model is not None else None
@@ -85,11 +93,12 @@ class Learner:
             t = mb.T
             with autocast_ctx(self.dtype):
                 logits = response_logits(self.policy, mb)
-                old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids) * mb.valid).cpu()
-                entropy[idx, :t] = (A.entropy_from_logits(logits) * mb.valid).cpu()
+                old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
+                entropy[idx, :t] = (A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) * mb.valid).cpu()
                 del logits
                 if ref_logp is not None:
-                    ref_logp[idx, :t] = (A.logprobs_from_logits(response_logits(self.ref_model, mb), mb.response_ids) * mb.valid).cpu()
+                    ref_logits = response_logits(self.ref_model, mb)
+                    ref_logp[idx, :t] = (A.logprobs_from_logits(ref_logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
                 if values is not None:
                     self.critic_backend.model.eval()
                     values[idx, :t] = (response_values(self.critic_backend.model, mb) * mb.valid).cpu()
@@ -98,7 +107,13 @@ class Learner:
             self.critic_backend.model.train()
         rewards = torch.tensor([s.shaped_reward for s in flat], dtype=torch.float32)
         correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
-        return StepTensors(batch, old_logp, entropy, rewards, correct, values, ref_logp)
+        st = StepTensors(batch, old_logp, entropy, rewards, correct, sampler_logp, values, ref_logp)
+        # The rollout/trainer gap over the loss tokens, always; corrected when the row asks (TIS).
+        st.metrics = {f"rollout/{k}": v for k, v in A.mismatch_metrics(old_logp, sampler_logp, batch.mask).items()}
+        if self.spec.tis_cap is not None:
+            st.is_weights, tis = A.truncated_is_weights(old_logp, sampler_logp, batch.mask, cap=self.spec.tis_cap, level=self.spec.tis_level)
+            st.metrics.update({f"actor/{k}": v for k, v in tis.items()})
+        return st
 
     def advantages(self, st: StepTensors, *, group_size: int) -> None:
         """Fill st.advantages / st.returns with the algo's advantage estimator."""
@@ -125,13 +140,15 @@ class Learner:
             out += [perm[i : i + self.mini] for i in range(0, B, self.mini)]
         return out
 
-    def _weights(self, batch: Batch, mini: list[int], agg: str) -> list[tuple[list[int], float]]:
+    def _weights(self, mask: torch.Tensor, mini: list[int], agg: str) -> list[tuple[list[int], float]]:
         """Each micro-batch's weight so the accumulated gradient equals the mini-batch's aggregate.
 
-        token-mean: micro tokens / mini tokens; seq modes: micro counted rows / mini counted rows.
-        Counts are summed over ranks, and scaled by world size because DDP/ZeRO average gradients.
+        token-mean: micro tokens / mini tokens; seq modes: micro counted rows / mini counted rows,
+        counted by ``mask`` (B, T): the same mask the loss is normalised with (the policy's loss
+        mask, or the critic's valid tokens). Counts are summed over ranks, and scaled by world size
+        because DDP/ZeRO average gradients.
         """
-        m = batch.mask[mini]
+        m = mask[mini]
         per_row = m.sum(1)
         unit = per_row if agg == "token-mean" else (per_row > 0).float()
         total = float(self._all_sum(unit.sum()))
@@ -148,6 +165,13 @@ class Learner:
         backend = self.policy_backend or self.critic_backend
         return backend.all_reduce_sum(x.clone()) if backend is not None and self.world > 1 else x
 
+    def _all_max(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world <= 1:
+            return x
+        y = x.clone()
+        torch.distributed.all_reduce(y, op=torch.distributed.ReduceOp.MAX)
+        return y
+
     def update_policy(self, st: StepTensors) -> dict[str, float]:
         s = self.spec
         agg = s.loss_agg
@@ -155,10 +179,11 @@ class Learner:
         max_len = self.max_len
         metrics: dict[str, list[float]] = {}
         buckets: dict[str, float] = {}  # DAPO fig. 3a counts, from the ratios of the last epoch's updates
+        peak = [0.0]  # the largest ratio of any counted token of any update (a max, not a mean)
         minis = self._minibatches(st.batch.input_ids.shape[0])
         per_epoch = len(minis) // self.epochs
         for mi, mini in enumerate(minis):
-            micros = self._weights(st.batch, mini, agg)
+            micros = self._weights(st.batch.mask, mini, agg)
             track = mi >= len(minis) - per_epoch
 
             def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -166,12 +191,14 @@ class Learner:
                 mb = st.batch.select(idx).to(self.device)
                 t, dev = mb.T, self.device
                 logits = response_logits(model, mb)
-                logp = A.logprobs_from_logits(logits, mb.response_ids)
+                logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling)
                 del logits
                 adv = st.advantages[idx, :t].to(dev)
                 old = st.old_logp[idx, :t].to(dev)
-                out = A.POLICY_LOSSES[s.policy_loss](logp, old, adv, mb.mask, params=params, agg=agg, max_len=max_len)
-                loss, m = out.loss, out.metrics
+                isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
+                out = A.POLICY_LOSSES[s.policy_loss](logp, old, adv, mb.mask, params=params, agg=agg, max_len=max_len, is_weights=isw)
+                loss, m = out.loss, dict(out.metrics)
+                peak[0] = max(peak[0], m.pop("ratio_max", 0.0))
                 if s.kl_coef > 0 and not s.kl_in_reward and st.ref_logp is not None:
                     kl = A.kl_penalty(logp, st.ref_logp[idx, :t].to(dev), s.kl_kind)
                     kl_loss = A.aggregate(kl, mb.mask, agg, max_len=max_len)
@@ -194,6 +221,11 @@ class Learner:
             for k, v in out.items():
                 metrics.setdefault(k, []).append(v)
         res: dict[str, Any] = {f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
+        res["actor/ratio_max"] = float(self._all_max(torch.tensor(peak[0], dtype=torch.float64)))
+        if buckets:  # counts over every rank's tokens
+            keys = sorted(buckets)
+            summed = self._all_sum(torch.tensor([buckets[k] for k in keys], dtype=torch.float64)).tolist()
+            buckets = dict(zip(keys, summed))
         by_prob: dict[str, float] = {}
         for k, n in buckets.items():
             if k.startswith("tokens/"):
@@ -209,7 +241,7 @@ class Learner:
         assert st.values is not None and st.returns is not None
         metrics: dict[str, list[float]] = {}
         for mini in self._minibatches(st.batch.input_ids.shape[0]):
-            micros = self._weights(st.batch, mini, "token-mean")
+            micros = self._weights(st.batch.valid, mini, "token-mean")  # the value loss counts every valid token
 
             def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
                 idx, w = item

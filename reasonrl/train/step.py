@@ -13,19 +13,34 @@ from typing import Any
 
 import torch
 
+from reasonrl.errors import ReasonRLError
 from reasonrl.train.collector import Collected, Collector
 from reasonrl.train.learner import Learner
 from reasonrl.train.metrics import position_metrics, rollout_metrics
 
 
-def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int, prompts_per_step: int, group_size: int) -> dict[str, Any]:
-    """Run one step; returns its metrics (``_samples``: every generated response, for --keep-rollouts)."""
+def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int, prompts_per_step: int, group_size: int,
+               on_short_batch: str = "train") -> dict[str, Any]:
+    """Run one step; returns its metrics (``_samples``: every generated response, for --keep-rollouts).
+
+    ``on_short_batch``: what to do when dynamic sampling hit its round cap before the batch was
+    full (``rollout/short_batch`` = 1 says it happened): "train" on what was kept, "skip" the
+    update, or "error".
+    """
     t_step = time.perf_counter()
     m: dict[str, Any] = {"step": step}
 
     # 1. Collect: each rank generates its share of the global prompts_per_step.
-    col = collector.collect(math.ceil(prompts_per_step / learner.world))
+    local = math.ceil(prompts_per_step / learner.world)
+    col = collector.collect(local)
     agree_on_batch(col, learner.world)
+    if len(col.groups) < local and collector.spec.dynamic_sampling:
+        m["rollout/short_batch"] = 1
+        if on_short_batch == "error":
+            raise ReasonRLError(f"step {step}: dynamic sampling kept {len(col.groups)} of {local} groups in {col.rounds} rounds: "
+                                "raise --max-gen-rounds or --oversample, or pass --on-short-batch train|skip")
+        if on_short_batch == "skip":
+            col.groups = []
     if not col.groups:
         m.update(rollout_metrics(col, None))
         m["actor/skipped_update"] = 1
@@ -38,6 +53,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     t0 = time.perf_counter()
     st = learner.prepare(col.groups)
     m["perf/prepare_s"] = time.perf_counter() - t0
+    m.update(st.metrics)
     # 3. Advantages.
     learner.advantages(st, group_size=group_size)
     m.update(rollout_metrics(col, st))
@@ -66,9 +82,14 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
 
 
 def agree_on_batch(col: Collected, world: int) -> None:
-    """Every rank must make the same number of updates: keep the smallest kept count."""
+    """Every rank must make the same number of updates: keep the smallest kept count (the groups
+    cut are marked not kept, and the kept count is the one trained on)."""
     if world <= 1:
         return
     n = torch.tensor([len(col.groups)], dtype=torch.long)
     torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
+    for g in col.groups[int(n):]:
+        for smp in g:
+            smp.kept = False
     col.groups = col.groups[: int(n)]
+    col.kept_groups = len(col.groups)

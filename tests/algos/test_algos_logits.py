@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from reasonrl.algos import entropy_from_logits, logprobs_from_logits
+from reasonrl.algos import Sampling, entropy_from_logits, logprobs_from_logits, sampling_logits
 from reasonrl.algos import reference as ref
 
 
@@ -142,3 +142,103 @@ def test_half_precision_gradients_keep_dtype() -> None:
     (entropy_from_logits(xf).sum() + logprobs_from_logits(xf, ids).sum()).backward()
     assert xb.grad.dtype == torch.bfloat16
     torch.testing.assert_close(xb.grad.float(), xf.grad, atol=1e-2, rtol=1e-2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The sampling distribution (temperature, top-k, top-p): one definition for engines and trainer
+
+SETTINGS = [(1.0, -1, 1.0), (0.6, -1, 1.0), (1.0, -1, 0.7), (0.8, 20, 0.9), (1.3, 3, 1.0), (0.5, 5, 0.5)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_sampling_distribution_matches_the_loop_reference(temperature, top_k, top_p) -> None:
+    from reasonrl.algos import Sampling, sampling_logits
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 40, generator=g, dtype=torch.float64) * 2
+    logits[0, :5] = logits[0, 0]  # ties at the top: top-k keeps every tied token
+    sp = Sampling(temperature, top_k, top_p)
+    got = torch.log_softmax(sampling_logits(logits, sp), -1)
+    want = torch.tensor([ref.sampling_logprobs(r, temperature, top_k, top_p) for r in logits.tolist()], dtype=torch.float64)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(got[fin], want[fin])
+    ids = torch.multinomial(got.exp(), 1, generator=g).squeeze(-1)
+    lp = logprobs_from_logits(logits, ids, chunk_size=2, sampling=sp)
+    torch.testing.assert_close(lp, want.gather(-1, ids[:, None]).squeeze(-1))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SETTINGS)
+def test_sampling_logprob_and_entropy_gradients_match_autograd(temperature, top_k, top_p) -> None:
+    from reasonrl.algos import Sampling, sampling_logits
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 4, 30, generator=g, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 30, (3, 4), generator=g)
+    sp = Sampling(temperature, top_k, top_p)
+    w = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    lp = logprobs_from_logits(x, ids, chunk_size=5, sampling=sp)
+    ent = entropy_from_logits(x, chunk_size=5, sampling=sp, token_ids=ids)
+    (gl,) = torch.autograd.grad((lp * w).sum(), x)
+    (ge,) = torch.autograd.grad((ent * w).sum(), x)
+    # autograd through the plain formula, the kept set held fixed (the sampled token forced in)
+    z = sampling_logits(x.detach(), sp)
+    keep = torch.isfinite(z).scatter(-1, ids[..., None], True)
+    zz = (x / temperature).masked_fill(~keep, float("-inf"))
+    logp_all = torch.log_softmax(zz, -1)
+    lp2 = logp_all.gather(-1, ids[..., None]).squeeze(-1)
+    p = logp_all.exp()
+    ent2 = -(p * logp_all.masked_fill(~keep, 0.0)).sum(-1)
+    torch.testing.assert_close(lp, lp2)
+    torch.testing.assert_close(ent, ent2)
+    (gl2,) = torch.autograd.grad((lp2 * w).sum(), x, retain_graph=True)
+    (ge2,) = torch.autograd.grad((ent2 * w).sum(), x)
+    torch.testing.assert_close(gl, gl2)
+    torch.testing.assert_close(ge, ge2)
+
+
+def test_a_sampled_token_outside_the_filter_keeps_a_finite_logprob() -> None:
+    from reasonrl.algos import Sampling
+
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    lp = logprobs_from_logits(logits, torch.tensor([3]), sampling=Sampling(top_k=1))
+    assert torch.isfinite(lp).all() and float(lp) < 0
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        Sampling(temperature=0.0)
+
+
+def test_sampling_logits_top_k_keeps_the_k_largest() -> None:
+    logits = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0], [0.0, -1.0, 2.0, 1.0, -2.0]])
+    out = sampling_logits(logits, Sampling(top_k=2))
+    assert torch.isfinite(out).sum(-1).tolist() == [2, 2]
+    assert torch.isfinite(out[0]).tolist() == [False, True, False, True, False]
+    assert torch.isfinite(out[1]).tolist() == [False, False, True, True, False]
+    kept = torch.isfinite(out)
+    assert torch.equal(out[kept], logits[kept])  # kept logits unchanged
+
+
+def test_sampling_logits_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    logits = probs.log()
+    # (thresholds away from the cumulative sums 0.5 / 0.8 / 0.95, where float rounding decides)
+    assert torch.isfinite(sampling_logits(logits, Sampling(top_k=-1, top_p=0.1))).tolist() == [[True, False, False, False]]
+    assert torch.isfinite(sampling_logits(logits, Sampling(top_k=-1, top_p=0.45))).tolist() == [[True, False, False, False]]
+    assert torch.isfinite(sampling_logits(logits, Sampling(top_k=-1, top_p=0.55))).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(sampling_logits(logits, Sampling(top_k=-1, top_p=0.75))).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(sampling_logits(logits, Sampling(top_k=-1, top_p=0.85))).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(sampling_logits(logits, Sampling(top_k=-1, top_p=0.99))).all()
+    # order of the vocabulary does not matter
+    perm = torch.tensor([2, 0, 3, 1])
+    assert torch.isfinite(sampling_logits(logits[:, perm], Sampling(top_p=0.55))).tolist() == [[False, True, False, True]]
+
+
+def test_sampling_logits_disabled_and_combined() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=g)
+    assert torch.equal(sampling_logits(logits, Sampling(top_k=-1, top_p=1.0)), logits)
+    assert torch.equal(sampling_logits(logits, Sampling(top_k=50, top_p=1.0)), logits)
+    both = sampling_logits(logits, Sampling(top_k=10, top_p=0.5))
+    assert (torch.isfinite(both).sum(-1) <= 10).all()
+    assert (torch.isfinite(both).sum(-1) >= 1).all()
+    # the argmax always survives
+    assert torch.isfinite(both.gather(-1, logits.argmax(-1, keepdim=True))).all()

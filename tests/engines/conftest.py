@@ -35,13 +35,13 @@ def prompts(tiny_tok) -> list[list[int]]:
 def _hf_logprobs(model, prompt: list[int], completion: list[int], *, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
     """Log-probabilities of ``completion`` after ``prompt`` under ``model``, from one full forward, of
     the distribution sampled from (temperature, then top-k / top-p renormalised; temperature 0 = raw)."""
-    from reasonrl.engines.hf import filter_logits
+    from reasonrl.algos import Sampling, sampling_logits
 
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     if temperature > 0:
-        logits = filter_logits(logits / temperature, top_k, top_p)
+        logits = sampling_logits(logits, Sampling(temperature, top_k, top_p))
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 

@@ -9,45 +9,7 @@ import pytest
 import torch
 
 from reasonrl.engines.base import SamplingParams
-from reasonrl.engines.hf import HFEngine, filter_logits
-
-
-# ---------------------------------------------------------------- filter_logits
-def test_filter_logits_top_k_keeps_the_k_largest() -> None:
-    logits = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0], [0.0, -1.0, 2.0, 1.0, -2.0]])
-    out = filter_logits(logits, top_k=2, top_p=1.0)
-    assert torch.isfinite(out).sum(-1).tolist() == [2, 2]
-    assert torch.isfinite(out[0]).tolist() == [False, True, False, True, False]
-    assert torch.isfinite(out[1]).tolist() == [False, False, True, True, False]
-    kept = torch.isfinite(out)
-    assert torch.equal(out[kept], logits[kept])  # kept logits unchanged
-
-
-def test_filter_logits_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
-    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    logits = probs.log()
-    # (thresholds away from the cumulative sums 0.5 / 0.8 / 0.95, where float rounding decides)
-    assert torch.isfinite(filter_logits(logits, -1, 0.1)).tolist() == [[True, False, False, False]]
-    assert torch.isfinite(filter_logits(logits, -1, 0.45)).tolist() == [[True, False, False, False]]
-    assert torch.isfinite(filter_logits(logits, -1, 0.55)).tolist() == [[True, True, False, False]]
-    assert torch.isfinite(filter_logits(logits, -1, 0.75)).tolist() == [[True, True, False, False]]
-    assert torch.isfinite(filter_logits(logits, -1, 0.85)).tolist() == [[True, True, True, False]]
-    assert torch.isfinite(filter_logits(logits, -1, 0.99)).all()
-    # order of the vocabulary does not matter
-    perm = torch.tensor([2, 0, 3, 1])
-    assert torch.isfinite(filter_logits(logits[:, perm], -1, 0.55)).tolist() == [[False, True, False, True]]
-
-
-def test_filter_logits_disabled_and_combined() -> None:
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 50, generator=g)
-    assert torch.equal(filter_logits(logits, -1, 1.0), logits)
-    assert torch.equal(filter_logits(logits, 50, 1.0), logits)
-    both = filter_logits(logits, 10, 0.5)
-    assert (torch.isfinite(both).sum(-1) <= 10).all()
-    assert (torch.isfinite(both).sum(-1) >= 1).all()
-    # the argmax always survives
-    assert torch.isfinite(both.gather(-1, logits.argmax(-1, keepdim=True))).all()
+from reasonrl.engines.hf import HFEngine
 
 
 # ---------------------------------------------------------------- generation

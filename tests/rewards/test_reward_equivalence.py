@@ -73,10 +73,28 @@ def test_math_verify_equivalence(pred: str, gt: str, expected: bool) -> None:
         ("Answer: 5\nAnswer: 6", "5", -1.0),  # several answers: the last one counts
         ("\\boxed{5} ... \\boxed{6}", "6", 1.0),
         ("I give up.", "5", -1.0),
+        # what the paper's scorer accepts, and the hacks it refuses
+        ("so\n**Final Answer:** 42", "42", 1.0),
+        ("Final Answer: 10 square feet", "10", 1.0),
+        ("Answer: 42 and above", "42", -1.0),
+        ("Answer: 3 or more", "3", -1.0),
+        ("Answer: 42 apples", "42", -1.0),
+        ("Answer: \\text{Evelyn}", "\\text{Evelyn}", 1.0),
     ],
 )
 def test_math_reward(response: str, gt: str, reward: float) -> None:
     assert math_reward(response, gt) == reward
+
+
+def test_the_scorer_pool_decides_the_same() -> None:
+    from reasonrl.rewards import RewardScorer
+
+    cases = [("Answer: 42 and above", "42", -1.0), ("Answer: 3 or more", "3", -1.0), ("**Final Answer:** 42", "42", 1.0),
+             ("Answer: \\frac{1}{2}", "0.5", 1.0)]
+    with RewardScorer(num_workers=1) as scorer:
+        scores, stats = scorer.score_batch([c[0] for c in cases], [c[1] for c in cases])
+    assert [s.reward for s in scores] == [c[2] for c in cases]
+    assert stats.verified == 1  # only the fraction needed math-verify
 
 
 def test_score_fields() -> None:

@@ -21,6 +21,11 @@ from reasonrl.rewards import extract_answer, find_boxed
         ("...\nANSWER: -3", "-3"),
         ("...\nanswer: 3,000", "3,000"),
         ("...\nAnswer: 540 dollars.", "540 dollars."),
+        # the paper's scorer reads "Answer:" anywhere in a line, with markdown around it
+        ("...\n**Final Answer:** 42", "42"),
+        ("...\nFinal Answer: 42", "42"),
+        ("...\n### Final answer: $7$", "$7$"),
+        ("...\nThus the final **answer**: 12.", "12."),
         # The Answer line wins over a later box, and a box on the Answer line is unwrapped.
         ("Answer: 12\nso maybe \\boxed{13}", "12"),
         ("...\nAnswer: $\\boxed{\\frac{3}{4}}$", "\\frac{3}{4}"),
@@ -40,9 +45,18 @@ def test_empty_answer_line_is_skipped() -> None:
     assert extract_answer("Answer: **") is None
 
 
-def test_answer_inside_a_sentence_is_not_a_line() -> None:
-    # "Answer:" must start the line (after markdown); otherwise the box decides.
-    assert extract_answer("The Answer: 3 is wrong, so \\boxed{4}") == "4"
+def test_answer_inside_a_sentence_takes_the_rest_of_the_line() -> None:
+    assert extract_answer("so the final Answer: 3\nthanks") == "3"
+    assert extract_answer("The Answer: 3 is wrong, so \\boxed{4}") == "4"  # a box in the rest wins
+    assert extract_answer("the answer is 5") is None  # no "answer:"
+
+
+def test_extraction_is_linear_time() -> None:
+    """20,000 unclosed boxes took 113 s with per-box scanning; one pass is milliseconds. (No
+    timing is asserted: a quadratic scan would make this test visibly slow, not fail.)"""
+    assert extract_answer("\\boxed{" * 20_000) is None
+    assert extract_answer("answer" + " *" * 50_000) is None
+    assert find_boxed("\\boxed{1}" * 5_000)[-1] == "1"
 
 
 @pytest.mark.parametrize(
