@@ -63,6 +63,7 @@ def test_replicated_rows_are_one_problem(format_model, tmp_path):
     assert bootstrap_ci(per_row, n_boot=500, seed=1) != bootstrap_ci(acc, n_boot=500, seed=1)
     assert res["metrics"]["avg@6"] == {"value": pytest.approx(sum(acc) / 4), "ci": list(bootstrap_ci(acc, n_boot=500, seed=1))}
     assert res["by_source"]["rep"]["problems"] == 4 and res["by_source"]["rep"]["metrics"] == res["metrics"]
+    assert res["vote_verifier"]["total"] > 0 and res["vote_verifier"]["timeouts"] == 0  # maj@n asked the reward scorer
 
     r = run_cli("eval", "file", "--dataset", data, "--model", format_model, "--out", tmp_path / "ev2", "--n", "3", "--template", "none",
                 "--max-problems", "2", *FAST)
