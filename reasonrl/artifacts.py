@@ -31,18 +31,36 @@ def versions() -> dict[str, str]:
     return out
 
 
-def hash_path(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, or of a directory's files (names + contents, sorted); manifests excluded."""
-    p = Path(path)
+def hash_files(files: Iterable[Path], root: Path | None = None, chunk: int = 1 << 20) -> str:
+    """sha256 over ``files`` in the order given: each one's path relative to ``root`` (when given),
+    then its contents."""
     h = hashlib.sha256()
-    files: Iterable[Path] = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file() and q.name != MANIFEST)
     for f in files:
-        if p.is_dir():
-            h.update(str(f.relative_to(p)).encode())
+        if root is not None:
+            h.update(str(f.relative_to(root)).encode())
         with open(f, "rb") as fh:
             while b := fh.read(chunk):
                 h.update(b)
     return h.hexdigest()
+
+
+def hash_path(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, or of a directory's files (names + contents, sorted); manifests excluded."""
+    p = Path(path)
+    if p.is_file():
+        return hash_files([p], chunk=chunk)
+    return hash_files(sorted(q for q in p.rglob("*") if q.is_file() and q.name != MANIFEST), root=p, chunk=chunk)
+
+
+def hash_weights(model_dir: str | Path) -> str | None:
+    """sha256 over a model directory's weight files (names + contents, sorted): its ``*.safetensors``
+    files, else its ``*.bin`` files; None when it has neither (a remote model)."""
+    p = Path(model_dir)
+    for pattern in ("*.safetensors", "*.bin"):
+        files = sorted(p.glob(pattern))
+        if files:
+            return hash_files(files, root=p)
+    return None
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -7,7 +7,12 @@ Inputs are per problem, one list per problem, one entry per sample:
 - ``ground_truths[p]``: the problem's reference answer.
 
 Every metric is a mean over problems of a per-problem value, so its uncertainty is estimated by a
-percentile bootstrap over problems (:func:`bootstrap_ci`). Pure Python, no heavy imports.
+percentile bootstrap over problems (:func:`bootstrap_ci`). A problem is one distinct problem:
+``reasonrl eval`` merges replicated rows before sampling.
+
+maj@n groups votes with the reward's equivalence (``equal``, :data:`EqualFn`). Pure Python; the
+default ``equal`` (:func:`reward_equal`) imports math-verify on first use and runs it in this
+process, no worker process is started by this module.
 """
 
 from __future__ import annotations
@@ -23,16 +28,25 @@ __all__ = [
     "avg_at_n",
     "bootstrap_ci",
     "majority_vote",
+    "majority_votes",
     "maj_at_n",
     "pass_at_k",
     "pass_at_k_mean",
     "per_problem_accuracy",
     "per_problem_maj",
     "per_problem_pass_at_k",
+    "per_problem_values",
+    "reward_equal",
     "summarize",
+    "vote_classes",
+    "with_cis",
 ]
 
-EqualFn = Callable[[str, str], bool]
+Pair = tuple[str, str]
+EqualFn = Callable[[Sequence[Pair]], Sequence["bool | None"]]
+"""Decides a batch of answer pairs ``(a, b)``: True (equivalent), False, or None (undecided: a
+verifier timeout or error), one verdict per pair, in order. Batched so that a caller can run the
+comparisons in a process pool (``RewardScorer.equivalent`` has this signature)."""
 
 
 def _check(correct: Sequence[Sequence[bool]]) -> None:
@@ -114,43 +128,87 @@ def pass_at_k_mean(correct: Sequence[Sequence[bool]], k: int) -> float:
 # maj@n
 
 
+def reward_equal(pairs: Sequence[Pair]) -> list[bool | None]:
+    """The default ``equal``: the reward's notion of "the same answer", in this process.
+
+    ``reasonrl.rewards.answers_equivalent`` for each pair (integers as integers, anything else
+    through math-verify); a verifier error is None (undecided). No time limit: ``reasonrl eval``
+    passes the reward scorer's pool-backed ``RewardScorer.equivalent`` (same rule, a per-pair
+    timeout) instead. math-verify is imported on the first call that needs it.
+    """
+    from reasonrl.rewards.verify import answers_equivalent
+
+    out: list[bool | None] = []
+    for a, b in pairs:
+        try:
+            out.append(answers_equivalent(a, b))
+        except Exception:  # noqa: BLE001 - a verifier crash decides nothing
+            out.append(None)
+    return out
+
+
 def _vote_key(answer: str) -> str:
-    """Answers that spell the same integer vote together ("025", "25", "$25$")."""
+    """Answers that spell the same integer or the same text are one vote from the start."""
     as_int = parse_integer(answer)
     if as_int is not None:
         return str(as_int)
     return " ".join(strip_answer(answer).split())
 
 
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """The most frequent answer (None answers do not vote), None when nobody voted.
+def vote_classes(answers: Sequence[Sequence[str | None]], equal: EqualFn | None = None) -> list[list[tuple[str, int]]]:
+    """Each problem's votes grouped into equivalence classes: ``(representative, votes)`` per class,
+    in the order of each class's first vote.
 
-    Integers are normalised before counting, so "025" and "25" count as one answer; ties go to
-    the answer whose first occurrence comes first. Returns that first occurrence as written.
+    A vote is an answer that is not None and not blank. Answers that spell the same integer
+    ("025", "25", "$25$") or the same text (up to ``$`` delimiters and whitespace) are one vote
+    from the start. Then each distinct answer, in the order of its first vote, joins the first
+    class whose representative (the class's first vote, as written) ``equal`` finds equivalent to
+    it (asked as ``(answer, representative)``; None counts as not equivalent), or opens a new
+    class. ``equal`` is asked one round at a time, for every problem at once: the next distinct
+    answer of each problem against each of that problem's classes.
     """
-    counts: dict[str, int] = {}
-    first: dict[str, str] = {}
-    for a in answers:
-        if a is None:
-            continue
-        key = _vote_key(a)
-        if not key:
-            continue
-        counts[key] = counts.get(key, 0) + 1
-        first.setdefault(key, a)
-    if not counts:
-        return None
-    best = max(counts.values())
-    winner = next(key for key in first if counts[key] == best)  # dicts keep insertion order
-    return first[winner]
+    eq = equal or reward_equal
+    todo: list[list[tuple[str, int]]] = []
+    for samples in answers:
+        distinct: dict[str, list[Any]] = {}
+        for a in samples:
+            key = "" if a is None else _vote_key(a)
+            if key:
+                distinct.setdefault(key, [a, 0])[1] += 1
+        todo.append([(a, votes) for a, votes in distinct.values()])
+    classes: list[list[list[Any]]] = [[] for _ in todo]
+    for r in range(max(map(len, todo), default=0)):
+        asks = [(p, c) for p, t in enumerate(todo) if r < len(t) for c in range(len(classes[p]))]
+        verdicts = list(eq([(todo[p][r][0], classes[p][c][0]) for p, c in asks])) if asks else []
+        if len(verdicts) != len(asks):
+            raise ValueError(f"equal answered {len(verdicts)} of {len(asks)} pairs")
+        joined: dict[int, int] = {}
+        for (p, c), same in zip(asks, verdicts):
+            if same is True:
+                joined.setdefault(p, c)
+        for p, t in enumerate(todo):
+            if r < len(t):
+                if p in joined:
+                    classes[p][joined[p]][1] += t[r][1]
+                else:
+                    classes[p].append(list(t[r]))
+    return [[(rep, votes) for rep, votes in cls] for cls in classes]
 
 
-def _default_equal(pred: str, ground_truth: str) -> bool:
-    """Integers as integers, anything else as normalised strings (no math-verify here)."""
-    a, b = parse_integer(pred), parse_integer(ground_truth)
-    if a is not None and b is not None:
-        return a == b
-    return _vote_key(pred) == _vote_key(str(ground_truth))
+def majority_votes(answers: Sequence[Sequence[str | None]], equal: EqualFn | None = None) -> list[str | None]:
+    """Each problem's majority answer (:func:`majority_vote`), ``equal`` asked in batches over all problems."""
+    return [max(cls, key=lambda c: c[1])[0] if cls else None for cls in vote_classes(answers, equal)]
+
+
+def majority_vote(answers: Sequence[str | None], equal: EqualFn | None = None) -> str | None:
+    """The answer of the largest equivalence class of votes (:func:`vote_classes`), None when
+    nobody voted.
+
+    Equivalence is the reward's (``equal``, default :func:`reward_equal`): "0.5", "1/2" and
+    "\\frac{1}{2}" are one class. Ties go to the class whose first vote came first. Returns the
+    winning class's first vote as written.
+    """
+    return majority_votes([answers], equal)[0]
 
 
 def per_problem_maj(
@@ -158,17 +216,16 @@ def per_problem_maj(
     ground_truths: Sequence[Any],
     equal: EqualFn | None = None,
 ) -> list[float]:
-    """1.0 for each problem whose majority answer equals its ground truth, else 0.0."""
+    """1.0 for each problem whose majority answer ``equal`` finds equivalent to its ground truth, else 0.0."""
     if len(answers) != len(ground_truths):
         raise ValueError(f"{len(answers)} problems of answers but {len(ground_truths)} ground truths")
     if len(answers) == 0:
         raise ValueError("no problems: the metric of an empty evaluation is undefined")
-    eq = equal or _default_equal
-    out = []
-    for samples, gt in zip(answers, ground_truths):
-        voted = majority_vote(samples)
-        out.append(1.0 if voted is not None and eq(voted, str(gt)) else 0.0)
-    return out
+    eq = equal or reward_equal
+    voted = majority_votes(answers, eq)
+    asks = [p for p, v in enumerate(voted) if v is not None]
+    verdicts = dict(zip(asks, eq([(voted[p], str(ground_truths[p])) for p in asks]))) if asks else {}
+    return [1.0 if verdicts.get(p) is True else 0.0 for p in range(len(answers))]
 
 
 def maj_at_n(
@@ -178,9 +235,9 @@ def maj_at_n(
 ) -> float:
     """maj@n: the fraction of problems whose majority-voted answer is correct.
 
-    ``equal(voted, ground_truth)`` decides correctness; the default compares integers as integers
-    and anything else as normalised strings. Pass ``reasonrl.rewards.answers_equivalent`` for
-    math-verify equivalence.
+    Votes are grouped and the winner judged with one notion of "the same answer", ``equal``: by
+    default the reward's (:func:`reward_equal`: integers as integers, else math-verify), the one
+    avg@n and pass@k are scored with.
     """
     return _mean(per_problem_maj(answers, ground_truths, equal))
 
@@ -221,6 +278,52 @@ def bootstrap_ci(
     return _quantile(means, alpha / 2), _quantile(means, 1 - alpha / 2)
 
 
+def per_problem_values(
+    correct: Sequence[Sequence[bool]],
+    answers: Sequence[Sequence[str | None]] | None = None,
+    ground_truths: Sequence[Any] | None = None,
+    ks: Sequence[int] | None = None,
+    equal: EqualFn | None = None,
+) -> dict[str, list[float]]:
+    """Each metric's value per problem: avg@n, pass@k (each k of ``ks`` with k <= n; default 1, 8,
+    n) and maj@n (only with ``answers`` and ``ground_truths``), in that order.
+
+    ``n`` is the smallest number of samples of any problem.
+    """
+    _check(correct)
+    n = min(len(samples) for samples in correct)
+    wanted = (1, 8, n) if ks is None else tuple(ks)
+    out = {f"avg@{n}": per_problem_accuracy(correct)}
+    for k in sorted({int(k) for k in wanted if 1 <= int(k) <= n}):
+        out[f"pass@{k}"] = per_problem_pass_at_k(correct, k)
+    if answers is not None and ground_truths is not None:
+        if len(answers) != len(correct):
+            raise ValueError(f"{len(answers)} problems of answers but {len(correct)} of correctness")
+        out[f"maj@{n}"] = per_problem_maj(answers, ground_truths, equal)
+    return out
+
+
+def with_cis(
+    values: dict[str, Sequence[float]],
+    problems: Sequence[int] | None = None,
+    n_boot: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Each metric's mean over problems with its bootstrap CI (over those problems):
+    ``{"avg@32": {"value": 0.41, "ci": [0.30, 0.52]}, ...}``.
+
+    ``values`` comes from :func:`per_problem_values`; ``problems`` picks a subset of the problems
+    by index (a data source, say), all of them when None.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name, per_problem in values.items():
+        v = [float(per_problem[i]) for i in problems] if problems is not None else [float(x) for x in per_problem]
+        lo, hi = bootstrap_ci(v, n_boot=n_boot, alpha=alpha, seed=seed)
+        out[name] = {"value": _mean(v), "ci": [lo, hi]}
+    return out
+
+
 def summarize(
     correct: Sequence[Sequence[bool]],
     answers: Sequence[Sequence[str | None]] | None = None,
@@ -231,28 +334,11 @@ def summarize(
     alpha: float = 0.05,
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
-    """avg@n, pass@k (each k of ``ks`` with k <= n; default 1, 8, n) and maj@n, with CIs.
+    """avg@n, pass@k and maj@n (:func:`per_problem_values`) with their CIs (:func:`with_cis`).
 
-    ``n`` is the smallest number of samples of any problem. maj@n needs ``answers`` and
-    ``ground_truths``; it is left out without them. Returns, e.g. for n = 32::
+    Returns, e.g. for n = 32::
 
         {"avg@32": {"value": 0.41, "ci": [0.30, 0.52]},
          "pass@1": {...}, "pass@8": {...}, "pass@32": {...}, "maj@32": {...}}
     """
-    _check(correct)
-    n = min(len(samples) for samples in correct)
-    wanted = (1, 8, n) if ks is None else tuple(ks)
-    valid_ks = sorted({int(k) for k in wanted if 1 <= int(k) <= n})
-
-    def entry(values: list[float]) -> dict[str, Any]:
-        lo, hi = bootstrap_ci(values, n_boot=n_boot, alpha=alpha, seed=seed)
-        return {"value": _mean(values), "ci": [lo, hi]}
-
-    out: dict[str, dict[str, Any]] = {f"avg@{n}": entry(per_problem_accuracy(correct))}
-    for k in valid_ks:
-        out[f"pass@{k}"] = entry(per_problem_pass_at_k(correct, k))
-    if answers is not None and ground_truths is not None:
-        if len(answers) != len(correct):
-            raise ValueError(f"{len(answers)} problems of answers but {len(correct)} of correctness")
-        out[f"maj@{n}"] = entry(per_problem_maj(answers, ground_truths, equal))
-    return out
+    return with_cis(per_problem_values(correct, answers, ground_truths, ks, equal), n_boot=n_boot, alpha=alpha, seed=seed)

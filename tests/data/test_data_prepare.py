@@ -116,6 +116,7 @@ def test_dapo_verl_parquet(tmp_path, shared):
     report, out = prepare(tmp_path, [shared / "aime-2024.dapo.parquet"], val_size=5)
     assert report["rows_read"] == 960
     assert report["duplicates"] == 930  # 30 problems x 32 repeats
+    assert report["rows_per_problem"] == {"32": 30} and report["max_rows_per_problem"] == 32
     assert (report["train"], report["validation"]) == (25, 5)
     rows = check_verl_format(out)
     assert all(r["data_source"] == "math_dapo" for r in rows)
@@ -206,6 +207,10 @@ def test_duplicates_and_split(tmp_path, write_jsonl):
     write_jsonl(tmp_path / "d.jsonl", rows)
     report, out = prepare(tmp_path, [tmp_path / "d.jsonl"], val_fraction=0.25, seed=1)
     assert report["duplicates"] == 2 and report["duplicates_with_other_answer"] == 1
+    assert report["rows_per_problem"] == {"1": 38, "2": 2} and report["max_rows_per_problem"] == 2  # items 3 and 4
+    console = Console(record=True, width=200)
+    print_report(report, console)
+    assert "kept problems × rows each │ 38 × 1, 2 × 2 (max 2)" in console.export_text()
     assert (report["train"], report["validation"]) == (30, 10)
     val = [r["extra_info"]["original_problem"] for r in rows_of(out, "validation")]
     train = [r["extra_info"]["original_problem"] for r in rows_of(out, "train")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from math import comb
 
 import pytest
@@ -16,9 +18,18 @@ from reasonrl.evaluation.metrics import (
     pass_at_k_mean,
     per_problem_maj,
     summarize,
+    vote_classes,
 )
+from reasonrl.rewards import RewardScorer, ScoreStats
 
 T, F = True, False
+
+
+@pytest.fixture(scope="module")
+def scorer() -> Iterator[RewardScorer]:
+    with RewardScorer(num_workers=1, timeout_s=30) as s:
+        yield s
+
 # problem 0: 1 of 4 correct; problem 1: 2 of 4 correct
 CORRECT = [[T, F, F, F], [T, T, F, F]]
 
@@ -66,9 +77,57 @@ def test_maj_at_n() -> None:
     gts = ["25", "3", "1", "1/2"]
     assert per_problem_maj(answers, gts) == [1.0, 1.0, 0.0, 1.0]
     assert maj_at_n(answers, gts) == 0.75
-    # a custom equivalence (e.g. reasonrl.rewards.answers_equivalent) decides correctness
-    assert maj_at_n([["0.5", "0.5", "1/2"]], ["\\frac{1}{2}"]) == 0.0
-    assert maj_at_n([["0.5", "0.5", "1/2"]], ["\\frac{1}{2}"], equal=lambda a, b: a == "0.5") == 1.0
+    # the default equivalence is the reward's (math-verify): 0.5 is right against \frac{1}{2}
+    assert maj_at_n([["0.5", "0.5", "1/2"]], ["\\frac{1}{2}"]) == 1.0
+    # a custom equivalence decides both the classes and correctness: plain string equality here
+    def same_string(pairs):
+        return [a == b for a, b in pairs]
+
+    assert maj_at_n([["0.5", "0.5", "1/2"]], ["\\frac{1}{2}"], equal=same_string) == 0.0
+    assert maj_at_n([["0.5", "0.5", "1/2"]], ["0.5"], equal=same_string) == 1.0
+
+
+# Mostly right by equivalence: three spellings of 1/2 against two votes for 3. String voting
+# elects "3" (2 votes against 1 each) and scores maj@5 = 0 although 3 of 5 samples are right.
+HALVES = ["0.5", "3", "1/2", "\\frac{1}{2}", "3"]
+
+
+def test_equivalent_answers_vote_together() -> None:
+    assert vote_classes([HALVES]) == [[("0.5", 3), ("3", 2)]]
+    assert majority_vote(HALVES) == "0.5"
+    assert per_problem_maj([HALVES], ["1/2"]) == [1.0]
+    assert maj_at_n([HALVES, ["7", "7", "1/2"]], ["\\frac12", "1/2"]) == 0.5
+
+
+def test_pool_backed_equivalence_votes_the_same(scorer) -> None:
+    stats = ScoreStats()
+    equal = functools.partial(scorer.equivalent, stats=stats)
+    assert vote_classes([HALVES, ["025", "25", "2\\sqrt{3}", "\\sqrt{12}"]], equal) == [
+        [("0.5", 3), ("3", 2)], [("025", 2), ("2\\sqrt{3}", 2)]]
+    assert maj_at_n([HALVES], ["1/2"], equal=equal) == 1.0
+    assert stats.verified > 0 and stats.timeouts == 0 and stats.errors == 0
+
+
+def test_tie_goes_to_the_class_whose_first_vote_came_first() -> None:
+    # two classes of two votes each: {3, 3} and {1/2, 0.5}
+    assert majority_vote(["3", "1/2", "0.5", "3"]) == "3"
+    assert majority_vote(["1/2", "3", "3", "0.5"]) == "1/2"
+    # the winner is the class's first vote as written, whichever spelling later votes used
+    assert majority_vote(["$\\frac{1}{2}$", "7", "0.5", "7", "1/2"]) == "$\\frac{1}{2}$"
+    assert maj_at_n([["3", "1/2", "0.5", "3"], ["1/2", "3", "3", "0.5"]], ["3", "3"]) == 0.5
+
+
+def test_equal_is_asked_in_rounds_over_all_problems() -> None:
+    calls: list[list[tuple[str, str]]] = []
+
+    def same_letter(pairs):
+        calls.append(list(pairs))
+        return [a.lower() == b.lower() for a, b in pairs]
+
+    got = vote_classes([["a", "$a$", "b", "B"], ["x", "y", "y"], [None, ""]], same_letter)
+    assert got == [[("a", 2), ("b", 2)], [("x", 1), ("y", 2)], []]  # "a" and "$a$" are one vote from the start
+    # round 1: each problem's second distinct answer against its one class; round 2: "B" against both classes
+    assert calls == [[("b", "a"), ("y", "x")], [("B", "a"), ("B", "b")]]
 
 
 def test_quantile_matches_numpy_linear() -> None:

@@ -93,6 +93,26 @@ def test_pathological_item_times_out_and_pool_recovers(scorer: RewardScorer) -> 
     assert scores[0].reward == 1.0 and stats.timeouts == 0
 
 
+def test_equivalent_pairs(scorer: RewardScorer) -> None:
+    """Answer against answer, the reward's rule: integers here, the rest in the pool, deduplicated."""
+    pairs = [("025", "25"), ("7", 8), ("0.5", "\\frac{1}{2}"), ("1/2", "0.5"), ("0.5", "\\frac{1}{2}"), ("2\\sqrt{3}", "\\sqrt{12}"),
+             ("-\\frac{3}{4}", "0.75"), ("x+1", "x+2")]
+    stats = ScoreStats()
+    assert scorer.equivalent(pairs, stats=stats) == [True, False, True, True, True, True, False, False]
+    assert (stats.total, stats.fast_path, stats.verified, stats.verifier_calls) == (8, 2, 6, 5)
+    assert (stats.timeouts, stats.errors) == (0, 0)
+    assert scorer.equivalent([]) == []
+
+
+def test_equivalent_times_out_to_none(scorer: RewardScorer) -> None:
+    stats = ScoreStats()
+    out = scorer.equivalent([("9^{9^{9^{9}}}", "5"), ("\\frac{2}{4}", "0.5"), ("9^{9^{9^{9}}}", "5"), ("12", "12")], stats=stats)
+    assert out == [None, True, None, True]  # undecided, never raised; the collateral pair was rerun
+    assert stats.timeouts == 2 and stats.verifier_calls == 2 and stats.pool_restarts == 1  # 2 items, 1 call
+    assert scorer.equivalent([("\\sqrt{12}", "2\\sqrt{3}")], stats=stats) == [True]  # a fresh pool
+    assert stats.total == 5 and stats.timeouts == 2  # the stats add up over calls
+
+
 def test_score_batch_from_a_thread(scorer: RewardScorer) -> None:
     result: list[tuple[list[Score], ScoreStats]] = []
     errors: list[BaseException] = []

@@ -71,6 +71,7 @@ def test_chain(prepared, tiny_model, tmp_path):
     for v in res["metrics"].values():
         assert 0.0 <= v["ci"][0] <= v["value"] <= v["ci"][1] <= 1.0
     assert len((ev / "samples.jsonl").read_text().splitlines()) == res["problems"] * 4
+    assert res["template"] == "none"  # a prepared directory's prompts carry prepare-data's template
 
 
 def test_rollout_stage(prepared, tiny_model, tmp_path):
