@@ -320,7 +320,7 @@ class RewardScorer:
         """Whether each answer pair ``(a, b)`` is equivalent, by the reward's rule, with its time limit.
 
         The comparison :meth:`score_batch` makes between an extracted answer ``a`` and a ground
-        truth ``b`` (integers as integers in this process, anything else through math-verify in
+        truth ``b`` (decided by rule in this process: integers as integers, foreign words wrong; else math-verify in
         the pool with ``timeout_s`` per pair); majority voting asks it of two answers. Identical
         pairs are decided once. Returns True / False per pair, or None when math-verify ran past
         its time limit or failed (counted in ``stats.timeouts`` / ``stats.errors``, items like
@@ -329,7 +329,7 @@ class RewardScorer:
         stats = ScoreStats() if stats is None else stats
         t0 = time.monotonic()
         keys = [(str(a), str(b)) for a, b in pairs]
-        decided: dict[_Key, bool | None] = {key: integer_equivalent(*key) for key in keys}
+        decided: dict[_Key, bool | None] = {key: decide_by_rule(*key) for key in keys}
         pending = [key for key, ok in decided.items() if ok is None]
         status: dict[_Key, ScoreStatus] = {}
         if pending:
