@@ -100,7 +100,10 @@ def coerce(cls: type, key: str, value: Any) -> Any:
         if origin is list:
             (inner,) = typing.get_args(tp) or (str,)
             if isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
+                text = value.strip()
+                if text.startswith("[") and text.endswith("]"):  # --set key=[a, b] or key=[]
+                    text = text[1:-1]
+                value = [v.strip().strip("'\"") for v in text.split(",") if v.strip().strip("'\"")]
             if not isinstance(value, list):
                 raise ValueError
             return [inner(v) for v in value if not (isinstance(v, str) and not v.strip())]  # "" is no entry

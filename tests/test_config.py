@@ -55,3 +55,12 @@ def test_bad_overrides_are_one_line_errors(layer, msg) -> None:
 def test_cli_override_reaches_the_row(tmp_path) -> None:
     r = run_cli("train", "--data", tmp_path / "none", "--eps-low", "1.5")
     assert_user_error(r, "eps_low")
+
+
+def test_list_options_take_brackets_and_empties() -> None:
+    from reasonrl.stages.prepare_data import PrepareConfig
+
+    assert build_config(PrepareConfig, {"inputs": "a", "decontaminate": "[]"}).decontaminate == []
+    assert build_config(PrepareConfig, {"inputs": "a", "decontaminate": ""}).decontaminate == []
+    assert build_config(PrepareConfig, {"inputs": "a", "decontaminate": '[aime24, "math500"]'}).decontaminate == ["aime24", "math500"]
+    assert build_config(PrepareConfig, {"inputs": "a", "decontaminate": [""]}).decontaminate == []

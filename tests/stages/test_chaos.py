@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,49 +55,74 @@ def _weights(path: Path) -> dict:
     return load_file(path / "model.safetensors")
 
 
-def _kill_when(p: subprocess.Popen, moment: str, delay: float, out: Path) -> str:
-    """SIGKILL ``p`` after ``delay`` seconds ("random"), or as soon as a checkpoint is being written
-    ("checkpoint"); returns what was happening, or "finished" when it ended first."""
-    t0 = time.monotonic()
+def _lines(out: Path) -> int:
+    try:
+        return sum(1 for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip())
+    except OSError:
+        return 0
+
+
+def _kill_when(p: subprocess.Popen, out: Path, *, at_checkpoint: bool, after_lines: int, extra_s: float) -> str:
+    """SIGKILL ``p`` as soon as a checkpoint is being written (``at_checkpoint``), or ``extra_s``
+    seconds after metrics.jsonl reached ``after_lines`` lines (a random moment inside the next step:
+    generation, scoring, update, sync or checkpoint); returns what was happening, or "finished"."""
+    reached = None
     while p.poll() is None:
         writing = list((out / "checkpoints").glob(".step_*.tmp")) if (out / "checkpoints").is_dir() else []
-        if (moment == "checkpoint" and writing) or (moment == "random" and time.monotonic() - t0 >= delay):
+        if reached is None and _lines(out) >= after_lines:
+            reached = time.monotonic()
+        if (at_checkpoint and writing) or (not at_checkpoint and reached is not None and time.monotonic() - reached >= extra_s):
             p.send_signal(signal.SIGKILL)
             p.wait()
             return "mid-checkpoint" if writing else "mid-step"
-        time.sleep(0.002 if moment == "checkpoint" else 0.02)
+        time.sleep(0.002 if at_checkpoint else 0.01)
     return "finished"
+
+
+def _done_steps(out: Path) -> int:
+    latest = out / "checkpoints" / "latest"
+    try:
+        return int(latest.read_text().strip().removeprefix("step_"))
+    except (OSError, ValueError):
+        return 0
 
 
 def test_sigkill_anywhere_then_resume_is_the_same_run(format_model, tmp_path, toy_data_file) -> None:
     data = tmp_path / "data"
     subprocess.run(_cmd("prepare-data", toy_data_file, "--out", data, "--template", "none", "--val-size", "4"), env=_env(), check=True,
                    capture_output=True, timeout=300)
+    # The uninterrupted run; its time per step sets how far into a step a kill lands.
     ref = tmp_path / "ref"
     t0 = time.monotonic()
-    p = subprocess.run(_cmd(*_train_args(format_model, data, ref)), env=_env(), capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    duration = time.monotonic() - t0
+    p = subprocess.Popen(_cmd(*_train_args(format_model, data, ref)), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while p.poll() is None and _lines(ref) < 1:
+        time.sleep(0.05)
+    startup = time.monotonic() - t0
+    _, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+    per_step = max((time.monotonic() - t0 - startup) / (STEPS - 1), 0.05)
 
     out = tmp_path / "chaos"
     rng = random.Random(0)
     kills: list[str] = []
     launches = 0
-    start_over = True
     while True:
-        resume = not start_over and (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("step_*"))
+        resume = (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("step_*"))
         args = _train_args(format_model, data, out) + (["--resume"] if resume else ["--overwrite"])
         proc = subprocess.Popen(_cmd(*args), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         launches += 1
-        start_over = False
         if len(kills) < KILLS:
-            moment = "checkpoint" if len(kills) % 4 == 3 else "random"
-            what = _kill_when(proc, moment, rng.uniform(0.2, 1.0) * duration, out)
+            done = _done_steps(out)
+            # a random moment of a random remaining step (or of the start-up, before any step)
+            target = rng.randint(done, STEPS - 1)
+            extra = rng.uniform(0.2, 1.0) * startup if target == done else rng.uniform(0.0, 0.9) * per_step  # (startup: to the 1st step's end)
+            what = _kill_when(proc, out, at_checkpoint=len(kills) % 4 == 3, after_lines=target, extra_s=extra)
             if what != "finished":
                 kills.append(what)
+                print(f"chaos: kill {len(kills)} {what} (launch {launches}, {_done_steps(out)} steps checkpointed)", file=sys.stderr)
                 continue
-            assert proc.wait() == 0, proc.stderr.read()[-3000:] if proc.stderr else ""
-            start_over = True  # it finished before enough kills: run it again, from the start
+            assert proc.returncode == 0, proc.stderr.read()[-3000:] if proc.stderr else ""
+            shutil.rmtree(out)  # it ended before the kill: start over
             continue
         _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err[-3000:]

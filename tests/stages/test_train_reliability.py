@@ -114,3 +114,20 @@ def test_a_full_disk_leaves_the_previous_checkpoint(prepared, tiny_model, tmp_pa
     assert len(err) == 1 and "disk" in err[0] and "step_1 is intact" in err[0] and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_1"
     assert not list((out / "checkpoints").glob(".step_*"))
+
+
+@pytest.mark.vllm
+def test_vllm_resume_draws_the_same_tokens(prepared, format_model, tmp_path):
+    """vLLM's per-request seeds: after a resume, step 2 samples exactly the tokens an uninterrupted
+    run sampled (fp32 on CPU; vLLM documents no batch-invariance guarantee, see the README)."""
+    pytest.importorskip("vllm")
+    import pyarrow.parquet as pq
+
+    args = ["train", "--model", format_model, "--data", prepared, "--save-every", "1", "--keep-rollouts", "--lr", "1e-3",
+            *[a if a != "hf" else "vllm" for a in SMALL]]
+    assert run_cli(*args, "--out", tmp_path / "a", "--steps", "2").exit_code == 0
+    assert run_cli(*args, "--out", tmp_path / "b", "--steps", "1").exit_code == 0
+    r = run_cli(*args, "--out", tmp_path / "b", "--steps", "2", "--resume")
+    assert r.exit_code == 0, r.output
+    tokens = lambda d: [row["response_ids"] for row in pq.read_table(d / "rollouts" / "step_2.parquet").to_pylist()]  # noqa: E731
+    assert tokens(tmp_path / "a") == tokens(tmp_path / "b")
