@@ -223,6 +223,7 @@ ALGOS: dict[str, AlgoSpec] = {
     # VAPO (arXiv 2504.05118): value pretraining + decoupled GAE (lam_critic = 1) + length-adaptive
     # lam_actor = 1 - 1/(0.05 l), token-level loss, clip-higher, positive-example NLL (mu = 0.1).
     # Group sampling (the paper: 512 prompts x 16 samples) is --prompts-per-step x --group-size.
+    # Value clip 0.2 and advantage whitening as ppo (the paper fixes neither; NeMo-RL whitens too).
     "vapo": _PPO.replace(name="vapo", lam_critic=1.0, adaptive_lambda=True, adaptive_lambda_alpha=0.05, eps_high=0.28,
                          pretrained_critic_required=True, pos_lm_coef=0.1),
 }
