@@ -133,7 +133,7 @@ def _register() -> None:
     stage_command(app, "rollout", RolloutConfig, run_rollout,
                   help="Sample G responses per prompt, score them, write parquet (prompt, response, token ids, logprobs, finish reason, reward).")
     stage_command(app, "train", TrainConfig, run_train,
-                  help="On-policy RL: --algo ppo | vcppo | grpo | dapo (rollout → rewards → filtering → advantages → updates → checkpoint).")
+                  help="On-policy RL with an --algo row: ppo | vcppo | grpo | dapo | gspo | cispo | drgrpo | vapo (rollout → rewards → filtering → advantages → updates → checkpoint).")
     for set_name, eval_set in EVAL_SETS.items():
         stage_command(eval_app, set_name, EvalConfig, run_eval, stage="eval", fixed={"dataset": set_name},
                       help=f"Evaluate on {eval_set.description}.")

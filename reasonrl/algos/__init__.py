@@ -19,7 +19,20 @@ from reasonrl.algos.advantages import (
 from reasonrl.algos.aggregation import AGG_MODES, aggregate
 from reasonrl.algos.kl import KL_ESTIMATORS, kl_penalty
 from reasonrl.algos.logits import Sampling, entropy_from_logits, logprobs_from_logits, sampling_logits
-from reasonrl.algos.losses import POLICY_LOSSES, LossParams, PolicyLossOutput, policy_loss, ppo_clip_loss, value_loss
+from reasonrl.algos.losses import (
+    POLICY_LOSSES,
+    LossParams,
+    PolicyLossOutput,
+    cispo_loss,
+    clip_cov_loss,
+    gspo_loss,
+    kl_cov_loss,
+    policy_loss,
+    positive_example_nll,
+    ppo_clip_loss,
+    token_covariance,
+    value_loss,
+)
 from reasonrl.algos.mismatch import TIS_LEVELS, mismatch_metrics, truncated_is_weights
 from reasonrl.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from reasonrl.algos.metrics import clipfrac_by_prob_bucket, explained_variance, mean_by_position
@@ -43,6 +56,12 @@ __all__ = [
     "PolicyLossOutput",
     "policy_loss",
     "ppo_clip_loss",
+    "gspo_loss",
+    "cispo_loss",
+    "clip_cov_loss",
+    "kl_cov_loss",
+    "token_covariance",
+    "positive_example_nll",
     "value_loss",
     "kl_penalty",
     "KL_ESTIMATORS",

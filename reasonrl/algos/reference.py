@@ -8,6 +8,7 @@ Inputs are nested lists (``tensor.tolist()``); masks are lists of 0/1 (or bools)
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 Matrix = list[list[float]]
 
@@ -71,6 +72,131 @@ def policy_loss_token(
     if dual_clip is not None and adv < 0:
         loss = min(loss, -dual_clip * adv)
     return loss
+
+
+def agg_weights(mask: Matrix, mode: str, max_len: int | None = None) -> Matrix:
+    """d aggregate(l) / d l[i][t]: each counted token's weight in the aggregated loss."""
+    counts = [sum(1 for m in mr if m) for mr in mask]
+    rows = sum(1 for c in counts if c > 0)
+    n = sum(counts)
+    out = []
+    for mr, c in zip(mask, counts):
+        if mode == "token-mean":
+            w = 1.0 / n if n else 0.0
+        elif mode == "seq-mean-token-mean":
+            w = 1.0 / (c * rows) if c else 0.0
+        elif mode == "seq-mean-token-sum-norm":
+            w = 1.0 / ((max_len if max_len is not None else len(mr)) * rows) if c else 0.0
+        else:
+            raise ValueError(mode)
+        out.append([w if m else 0.0 for m in mr])
+    return out
+
+
+def _surrogate(r: float, adv: float, eps_low: float, eps_high: float) -> tuple[float, float]:
+    """(-min(r A, clip(r) A), its derivative w.r.t. r)."""
+    clipped = min(max(r, 1 - eps_low), 1 + eps_high)
+    if r * adv <= clipped * adv:
+        return -r * adv, -adv
+    return -clipped * adv, 0.0
+
+
+def _aggregated(mask: Matrix, mode: str, max_len: int | None, token: Callable[[int, int], tuple[float, float]]) -> tuple[float, Matrix]:
+    """sum over counted tokens of weight * value, and the gradient matrix, from token(i, t) ->
+    (per-token loss, its derivative w.r.t. logp[i][t])."""
+    w = agg_weights(mask, mode, max_len)
+    loss, grad = 0.0, [[0.0] * len(mr) for mr in mask]
+    for i, mr in enumerate(mask):
+        for t, m in enumerate(mr):
+            if m:
+                val, d = token(i, t)
+                loss += w[i][t] * val
+                grad[i][t] = w[i][t] * d
+    return loss, grad
+
+
+def gspo(logp: Matrix, logp_old: Matrix, adv: Matrix, mask: Matrix, eps_low: float, eps_high: float, mode: str,
+         max_len: int | None = None) -> tuple[float, Matrix]:
+    """GSPO, sequence form: s_i = exp(mean_t (logp - logp_old)); per token -min(s_i A, clip(s_i) A).
+    Returns (loss, d loss / d logp), the gradient of GSPO-token: d s_i,t / d logp_i,t = s_i."""
+    s = []
+    for lr, lo, mr in zip(logp, logp_old, mask):
+        idx = [t for t, m in enumerate(mr) if m]
+        mean = sum(lr[t] - lo[t] for t in idx) / len(idx) if idx else 0.0
+        s.append(math.exp(max(-20.0, min(20.0, mean))))
+
+    def token(i: int, t: int) -> tuple[float, float]:
+        val, d = _surrogate(s[i], adv[i][t], eps_low, eps_high)
+        return val, d * s[i]
+
+    return _aggregated(mask, mode, max_len, token)
+
+
+def cispo(logp: Matrix, logp_old: Matrix, adv: Matrix, mask: Matrix, w_min: float, w_max: float, mode: str) -> tuple[float, Matrix]:
+    """CISPO: per token -sg(clamp(r, w_min, w_max)) A logp. Returns (loss, d loss / d logp)."""
+
+    def token(i: int, t: int) -> tuple[float, float]:
+        c = min(max(math.exp(max(-20.0, min(20.0, logp[i][t] - logp_old[i][t]))), w_min), w_max)
+        return -c * adv[i][t] * logp[i][t], -c * adv[i][t]
+
+    return _aggregated(mask, mode, None, token)
+
+
+def token_covariance(logp: Matrix, adv: Matrix, mask: Matrix) -> Matrix:
+    toks = [(lp, a) for lr, ar, mr in zip(logp, adv, mask) for lp, a, m in zip(lr, ar, mr) if m]
+    if not toks:
+        return [[0.0] * len(r) for r in logp]
+    mlp = sum(lp for lp, _ in toks) / len(toks)
+    ma = sum(a for _, a in toks) / len(toks)
+    return [[(lp - mlp) * (a - ma) if m else 0.0 for lp, a, m in zip(lr, ar, mr)] for lr, ar, mr in zip(logp, adv, mask)]
+
+
+def clip_cov_candidates(logp: Matrix, logp_old: Matrix, adv: Matrix, mask: Matrix, eps_low: float, eps_high: float,
+                        low: float, high: float) -> set[tuple[int, int]]:
+    """Clip-Cov's candidates: counted, not cut by the PPO clip, low <= Cov <= high."""
+    cov = token_covariance(logp, adv, mask)
+    out = set()
+    for i, (lr, lo, ar, mr) in enumerate(zip(logp, logp_old, adv, mask)):
+        for t, m in enumerate(mr):
+            r = math.exp(lr[t] - lo[t])
+            cut = (ar[t] > 0 and r > 1 + eps_high) or (ar[t] < 0 and r < 1 - eps_low)
+            if m and not cut and low <= cov[i][t] <= high:
+                out.add((i, t))
+    return out
+
+
+def clip_cov(logp: Matrix, logp_old: Matrix, adv: Matrix, mask: Matrix, eps_low: float, eps_high: float,
+             selected: set[tuple[int, int]], mode: str) -> tuple[float, Matrix]:
+    """Clip-Cov with a given selection: the clipped surrogate, 0 (no gradient) on ``selected``."""
+
+    def token(i: int, t: int) -> tuple[float, float]:
+        if (i, t) in selected:
+            return 0.0, 0.0
+        r = math.exp(logp[i][t] - logp_old[i][t])
+        val, d = _surrogate(r, adv[i][t], eps_low, eps_high)
+        return val, d * r
+
+    return _aggregated(mask, mode, None, token)
+
+
+def kl_cov(logp: Matrix, logp_old: Matrix, adv: Matrix, mask: Matrix, count: int, coef: float, mode: str) -> tuple[float, Matrix]:
+    """KL-Cov: -r A on every token, + coef |logp - logp_old| on the ``count`` tokens of largest Cov."""
+    cov = token_covariance(logp, adv, mask)
+    ranked = sorted(((cov[i][t], i, t) for i, mr in enumerate(mask) for t, m in enumerate(mr) if m), reverse=True)
+    selected = {(i, t) for _, i, t in ranked[:count]}
+
+    def token(i: int, t: int) -> tuple[float, float]:
+        d = logp[i][t] - logp_old[i][t]
+        r = math.exp(d)
+        on = (i, t) in selected
+        return -r * adv[i][t] + (coef * abs(d) if on else 0.0), -r * adv[i][t] + (coef * ((d > 0) - (d < 0)) if on else 0.0)
+
+    return _aggregated(mask, mode, None, token)
+
+
+def positive_example_nll(logp: Matrix, mask: Matrix, correct: list[bool]) -> float:
+    toks = [lp for lr, mr, c in zip(logp, mask, correct) if c for lp, m in zip(lr, mr) if m]
+    return -sum(toks) / len(toks) if toks else 0.0
 
 
 def value_loss_token(v: float, v_old: float, g: float, clip: float | None) -> float:

@@ -1,14 +1,19 @@
 """``AlgoSpec``: the table behind ``--algo``. One frozen row per algorithm; a new variant is a new
 row (or ``get_algo(name).replace(...)``), never new control flow in the trainer.
 
-| row   | advantage | critic | lambda actor/critic | eps low/high | loss agg            | DS | overlong filter/penalty | KL |
-|-------|-----------|--------|---------------------|--------------|---------------------|----|-------------------------|----|
-| ppo   | gae       | yes    | 0.95 / 0.95         | 0.2 / 0.2    | token-mean          | no | no / no                 | 0  |
-| vcppo | gae       | yes*   | 0.95 / 1.0          | 0.2 / 0.2    | token-mean          | no | no / no                 | 0  |
-| grpo  | grpo      | no     | -                   | 0.2 / 0.2    | seq-mean-token-mean | no | no / no                 | 0  |
-| dapo  | grpo      | no     | -                   | 0.2 / 0.28   | token-mean          | yes| yes / yes               | 0  |
+| row    | advantage        | critic | lambda actor/critic | policy loss | eps low/high | loss agg                | DS | overlong filter/penalty | KL | pos. NLL |
+|--------|------------------|--------|---------------------|-------------|--------------|-------------------------|----|-------------------------|----|----------|
+| ppo    | gae              | yes    | 0.95 / 0.95         | ppo-clip    | 0.2 / 0.2    | token-mean              | no | no / no                 | 0  | 0        |
+| vcppo  | gae              | yes*   | 0.95 / 1.0          | ppo-clip    | 0.2 / 0.2    | token-mean              | no | no / no                 | 0  | 0        |
+| grpo   | grpo             | no     | -                   | ppo-clip    | 0.2 / 0.2    | seq-mean-token-mean     | no | no / no                 | 0  | 0        |
+| dapo   | grpo             | no     | -                   | ppo-clip    | 0.2 / 0.28   | token-mean              | yes| yes / yes               | 0  | 0        |
+| gspo   | grpo             | no     | -                   | gspo        | 3e-4 / 4e-4  | seq-mean-token-mean     | no | no / no                 | 0  | 0        |
+| cispo  | grpo             | no     | -                   | cispo       | w in [0, 5]  | token-mean              | no | no / no                 | 0  | 0        |
+| drgrpo | grpo (no std)    | no     | -                   | ppo-clip    | 0.2 / 0.2    | seq-mean-token-sum-norm | no | no / no                 | 0  | 0        |
+| vapo   | gae              | yes*   | 1-1/(0.05 l) / 1.0  | ppo-clip    | 0.2 / 0.28   | token-mean              | no | no / no                 | 0  | 0.1      |
 
-(* value pretraining required first.) gamma = 1.0 everywhere. Every field is documented once, in
+(* value pretraining required first.) gamma = 1.0 everywhere. ``clip-cov`` and ``kl-cov`` are
+policy losses any row can take (``--policy-loss clip-cov``). Every field is documented once, in
 its ``metadata["help"]`` (``AlgoSpec.field_help(name)``); validation is in ``__post_init__`` and
 raises ValueError saying what to change.
 """
@@ -18,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from reasonrl.algos.advantages import ADVANTAGE_ESTIMATORS
 from reasonrl.algos.aggregation import AGG_MODES
@@ -48,10 +55,26 @@ class AlgoSpec:
         False, "Replace lam_actor per response by VAPO's 1 - 1/(adaptive_lambda_alpha * length) (gae only)."
     )
     adaptive_lambda_alpha: float = _f(0.05, "VAPO's alpha for adaptive_lambda.")
-    policy_loss: str = _f("ppo-clip", "Policy loss, a key of POLICY_LOSSES: 'ppo-clip' (PPO / GRPO / DAPO clipped surrogate).")
+    policy_loss: str = _f(
+        "ppo-clip",
+        "Policy loss, a key of POLICY_LOSSES: 'ppo-clip' (PPO / GRPO / DAPO clipped surrogate), 'gspo' (sequence-level ratio), "
+        "'cispo' (clipped, detached IS weight), 'clip-cov' / 'kl-cov' (covariance-based token selection, arXiv 2505.22617).",
+    )
     eps_low: float = _f(0.2, "Lower clip: the ratio is clipped at 1 - eps_low (A < 0).")
     eps_high: float = _f(0.2, "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28).")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1: per-token loss capped at c*|A| when A < 0 (None: off; usual 3).")
+    cispo_weight_min: float = _f(0.0, "CISPO: floor of the detached IS weight, an absolute value: w = clamp(r, min, max) (MiniMax-M1: none, 0).")
+    cispo_weight_max: float = _f(
+        5.0, "CISPO: cap of the detached IS weight, an absolute value, not 1 + eps (ScaleRL: 5; verl's clip_ratio_high 0.2 means 1.2)."
+    )
+    cov_clip_ratio: float = _f(2e-4, "Clip-Cov: fraction r of counted tokens whose gradient is cut, drawn at random among the candidates (paper: 2e-4).")
+    cov_clip_low: float = _f(1.0, "Clip-Cov: candidates have cov_clip_low <= Cov(logp, A) <= cov_clip_high (paper: omega = [1, 5]).")
+    cov_clip_high: float = _f(5.0, "Clip-Cov: upper covariance bound of the candidates (paper: 5).")
+    kl_cov_ratio: float = _f(2e-3, "KL-Cov: fraction k of counted tokens, those of largest Cov(logp, A), that get the KL penalty (paper: 2e-3 for 7B, 2e-4 for 32B).")
+    kl_cov_coef: float = _f(1.0, "KL-Cov: beta, weight of |logp - logp_old| on the selected tokens (paper: 1).")
+    pos_lm_coef: float = _f(
+        0.0, "Weight mu of the positive-example LM loss: NLL of the correct responses' tokens, token-mean over them, added to the policy loss (VAPO: 0.1; 0: off)."
+    )
     loss_agg: str = _f(
         "token-mean",
         "Loss aggregation, a key of AGG_MODES: 'token-mean' (DAPO), 'seq-mean-token-mean' (GRPO), "
@@ -98,10 +121,12 @@ class AlgoSpec:
             bad("adaptive_lambda only applies to advantage='gae'")
         if self.adaptive_lambda_alpha <= 0:
             bad(f"adaptive_lambda_alpha must be > 0, got {self.adaptive_lambda_alpha}")
-        if not 0.0 <= self.eps_low < 1.0 or self.eps_high < 0.0:
-            bad(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            bad(f"dual_clip must be > 1 or None, got {self.dual_clip}")
+        try:
+            self.loss_params()
+        except ValueError as e:
+            bad(str(e))
+        if self.pos_lm_coef < 0:
+            bad(f"pos_lm_coef must be >= 0, got {self.pos_lm_coef}")
         if self.policy_loss not in POLICY_LOSSES:
             bad(f"policy_loss must be one of {', '.join(POLICY_LOSSES)}, got '{self.policy_loss}'")
         if self.loss_agg not in AGG_MODES:
@@ -135,9 +160,10 @@ class AlgoSpec:
                 return str(f.metadata.get("help", ""))
         raise ValueError(f"unknown AlgoSpec field '{name}'")
 
-    def loss_params(self) -> LossParams:
-        """The policy loss's knobs from this row."""
-        return LossParams(eps_low=self.eps_low, eps_high=self.eps_high, dual_clip=self.dual_clip)
+    def loss_params(self, generator: torch.Generator | None = None) -> LossParams:
+        """The policy loss's knobs from this row; ``generator`` feeds the covariance losses' random draws."""
+        names = [f.name for f in dataclasses.fields(LossParams) if f.name != "generator"]
+        return LossParams(**{k: getattr(self, k) for k in names}, generator=generator)
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (for logging / run metadata)."""
@@ -187,6 +213,29 @@ ALGOS: dict[str, AlgoSpec] = {
         kl_coef=0.0,
         grpo_scale_by_std=True,
     ),
+    # GSPO (arXiv 2507.18071): sequence-level, length-normalised ratio; the paper's clip range;
+    # seq-mean aggregation (verl forces it); no KL. The paper splits each rollout batch into 4
+    # mini-batches (--mini-batch-size = batch / 4): with one, GSPO equals GRPO.
+    "gspo": AlgoSpec(
+        name="gspo",
+        advantage="grpo",
+        policy_loss="gspo",
+        eps_low=3e-4,
+        eps_high=4e-4,
+        loss_agg="seq-mean-token-mean",
+    ),
+    # CISPO (MiniMax-M1, arXiv 2506.13585): clipped detached IS weight, every token keeps its
+    # gradient; token-mean; group-normalised advantages; no KL.
+    "cispo": AlgoSpec(name="cispo", advantage="grpo", policy_loss="cispo", cispo_weight_min=0.0, cispo_weight_max=5.0, loss_agg="token-mean"),
+    # Dr. GRPO (arXiv 2503.20783): no std normalisation, token sums over a constant (the
+    # generation cap, passed by the learner) then the mean over responses.
+    "drgrpo": AlgoSpec(name="drgrpo", advantage="grpo", grpo_scale_by_std=False, loss_agg="seq-mean-token-sum-norm"),
+    # VAPO (arXiv 2504.05118): value pretraining + decoupled GAE (lam_critic = 1) + length-adaptive
+    # lam_actor = 1 - 1/(0.05 l), token-level loss, clip-higher, positive-example NLL (mu = 0.1).
+    # Group sampling (the paper: 512 prompts x 16 samples) is --prompts-per-step x --group-size.
+    # Value clip 0.2 and advantage whitening as ppo (the paper fixes neither; NeMo-RL whitens too).
+    "vapo": _PPO.replace(name="vapo", lam_critic=1.0, adaptive_lambda=True, adaptive_lambda_alpha=0.05, eps_high=0.28,
+                         pretrained_critic_required=True, pos_lm_coef=0.1),
 }
 """The --algo table: name -> AlgoSpec."""
 

@@ -1,4 +1,4 @@
-"""`reasonrl train`: on-policy RL with any `--algo` row (ppo, vcppo, grpo, dapo, ...).
+"""`reasonrl train`: on-policy RL with any `--algo` row (ppo, vcppo, grpo, dapo, gspo, cispo, drgrpo, vapo).
 
 Set up the models, backends, engine and data, then run ``reasonrl.train.step.train_step`` once per
 step with checkpoints; write the final policy, ``summary.json`` and the manifest last.
@@ -32,10 +32,10 @@ BACKENDS = ("torch", "deepspeed")
 class TrainConfig(ModelOpts, SamplingOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
-    algo: str = opt("dapo", "Algorithm row of reasonrl.algos.ALGOS: ppo, vcppo, grpo or dapo (see the --algo table in the README).")
+    algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in the README).")
     algo_overrides: dict = section(A.AlgoSpec, "Fields of the --algo row to change for this run (--eps-high 0.3, [algo] table, --set algo.eps_high=0.3).",
                                    table="algo", name_field="algo")
-    critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo); ppo starts a fresh one from the policy when omitted.")
+    critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo and vapo); ppo starts a fresh one from the policy when omitted.")
     steps: int = opt(20, "Training steps (each: rollout, rewards, filtering, advantages, updates).")
     prompts_per_step: int = opt(16, "Prompts per training step over all processes (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
     oversample: float = opt(1.0, "Dynamic sampling: each generation round samples ceil(oversample × still-needed) prompts.")

@@ -168,6 +168,12 @@ class Learner:
             res.append((mic, (w / total) * self.world))
         return res
 
+    def _correct_tokens(self, st: StepTensors, mini: list[int]) -> float:
+        """The NLL term's denominator: counted tokens of correct responses in the mini-batch, summed
+        over ranks, / world (DDP averages gradients): micro-batch terms then add up to the mini-batch's
+        token-mean over correct-response tokens, whatever the micro-batch size or process count."""
+        return float(self._all_sum((st.batch.mask[mini].sum(1) * st.correct[mini]).sum())) / self.world
+
     def _all_sum(self, x: torch.Tensor) -> torch.Tensor:
         return self.ranks.sum(x)
 
@@ -187,7 +193,7 @@ class Learner:
     def update_policy(self, st: StepTensors) -> dict[str, float]:
         s = self.spec
         agg = s.loss_agg
-        params = s.loss_params()
+        params = s.loss_params(generator=self.gen)  # the covariance losses draw from the learner's seeded generator
         max_len = self.max_len
         metrics: dict[str, list[float]] = {}
         buckets: dict[str, float] = {}  # DAPO fig. 3a counts, from the ratios of the last epoch's updates
@@ -197,6 +203,7 @@ class Learner:
         for mi, mini in enumerate(minis):
             micros = self._weights(st.batch.mask, mini, agg)
             track = mi >= len(minis) - per_epoch
+            nll_den = self._correct_tokens(st, mini) if s.pos_lm_coef > 0 and micros else None
 
             def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
                 idx, w = item
@@ -217,6 +224,10 @@ class Learner:
                     loss = loss + s.kl_coef * kl_loss
                     m["kl_ref"] = float(kl_loss.detach())
                 m["pg_loss"] = float(loss.detach())
+                loss, nll_m = loss * w, {}
+                if nll_den is not None:  # VAPO: + mu * NLL of the correct responses, normalised over the mini-batch
+                    nll, nll_m = A.positive_example_nll(logp, mb.mask, st.correct[idx].to(dev), denominator=nll_den)
+                    loss = loss + s.pos_lm_coef * nll
                 if track:
                     bm = clip_by_prob_bucket(old, out.clip_upper, out.clip_lower, mb.mask)
                     for k, v in bm.items():
@@ -225,7 +236,8 @@ class Learner:
                             buckets[k] = buckets.get(k, 0.0) + v
                             for kind in ("clip_upper", "clip_lower"):
                                 buckets[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) + bm.get(f"{kind}/{b}", 0.0) * v
-                return loss * w, {k: v * w / self.world for k, v in m.items() if isinstance(v, (int, float))}
+                return loss, {**{k: v * w / self.world for k, v in m.items() if isinstance(v, (int, float))},
+                              **{k: v / self.world for k, v in nll_m.items()}}
 
             if not micros:
                 continue

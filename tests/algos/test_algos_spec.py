@@ -10,7 +10,7 @@ from reasonrl.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, ALGOS, KL_ESTIMATORS
 
 
 def test_rows_present() -> None:
-    assert set(ALGOS) == {"ppo", "vcppo", "grpo", "dapo"}
+    assert set(ALGOS) == {"ppo", "vcppo", "grpo", "dapo", "gspo", "cispo", "drgrpo", "vapo"}
     for name, spec in ALGOS.items():
         assert spec.name == name
         assert spec.advantage in ADVANTAGE_ESTIMATORS and spec.loss_agg in AGG_MODES and spec.kl_kind in KL_ESTIMATORS
@@ -47,6 +47,49 @@ def test_dapo_row() -> None:
     assert (s.eps_low, s.eps_high, s.loss_agg) == (0.2, 0.28, "token-mean")
     assert s.dynamic_sampling and s.overlong_filter and s.overlong_penalty
     assert s.kl_coef == 0.0 and not s.whiten_advantages
+
+
+def test_gspo_row() -> None:
+    s = get_algo("gspo")
+    assert (s.advantage, s.policy_loss, s.loss_agg) == ("grpo", "gspo", "seq-mean-token-mean")
+    assert (s.eps_low, s.eps_high) == (3e-4, 4e-4) and s.grpo_scale_by_std and s.kl_coef == 0.0
+
+
+def test_cispo_row() -> None:
+    s = get_algo("cispo")
+    assert (s.advantage, s.policy_loss, s.loss_agg) == ("grpo", "cispo", "token-mean")
+    p = s.loss_params()
+    assert (p.cispo_weight_min, p.cispo_weight_max) == (0.0, 5.0) and s.kl_coef == 0.0
+    with pytest.raises(ValueError, match="cispo_weight"):
+        s.replace(cispo_weight_max=0.2)
+
+
+def test_drgrpo_row() -> None:
+    s = get_algo("drgrpo")
+    assert (s.advantage, s.policy_loss, s.loss_agg) == ("grpo", "ppo-clip", "seq-mean-token-sum-norm")
+    assert not s.grpo_scale_by_std and (s.eps_low, s.eps_high) == (0.2, 0.2) and s.kl_coef == 0.0
+
+
+def test_vapo_row() -> None:
+    s = get_algo("vapo")
+    assert (s.advantage, s.use_critic, s.pretrained_critic_required, s.lam_critic) == ("gae", True, True, 1.0)
+    assert s.adaptive_lambda and s.adaptive_lambda_alpha == 0.05
+    assert (s.eps_low, s.eps_high, s.loss_agg, s.policy_loss) == (0.2, 0.28, "token-mean", "ppo-clip")
+    assert s.pos_lm_coef == 0.1 and s.kl_coef == 0.0
+    with pytest.raises(ValueError, match="pos_lm_coef"):
+        s.replace(pos_lm_coef=-1.0)
+
+
+def test_cov_losses_fit_any_row_and_params_validate() -> None:
+    for name in ALGOS:
+        for loss in ("clip-cov", "kl-cov"):
+            assert get_algo(name).replace(policy_loss=loss).policy_loss == loss
+    p = get_algo("dapo").replace(policy_loss="clip-cov", cov_clip_ratio=1e-3).loss_params()
+    assert (p.cov_clip_ratio, p.cov_clip_low, p.cov_clip_high, p.kl_cov_ratio, p.kl_cov_coef, p.eps_high) == (1e-3, 1.0, 5.0, 2e-3, 1.0, 0.28)
+    with pytest.raises(ValueError, match="cov_clip_low"):
+        get_algo("grpo").replace(cov_clip_low=6.0)
+    with pytest.raises(ValueError, match="kl_cov_ratio"):
+        get_algo("grpo").replace(kl_cov_ratio=2.0)
 
 
 def test_unknown_name_raises_naming_valid() -> None:

@@ -54,6 +54,16 @@ def test_vcppo_without_critic(toy_data_file, tiny_model, tmp_path):
     assert_user_error(r, "pretrain-value")
 
 
+def test_vapo_without_critic_and_bad_variant_knobs(toy_data_file, tiny_model, tmp_path):
+    d = tmp_path / "data"
+    assert run_cli("prepare-data", toy_data_file, "--out", d, "--template", "none").exit_code == 0
+    assert_user_error(run_cli("train", "--algo", "vapo", "--data", d, "--model", tiny_model, "--out", tmp_path / "o", "--engine", "hf"), "pretrain-value")
+    # CISPO's bounds are absolute weights: a relative-looking "0.2" is refused, naming the field
+    assert_user_error(run_cli("train", "--algo", "cispo", "--cispo-weight-max", "0.2", "--out", tmp_path / "o"), "cispo_weight_max")
+    assert_user_error(run_cli("train", "--algo", "grpo", "--policy-loss", "clip_cov", "--out", tmp_path / "o"), "clip-cov")
+    assert_user_error(run_cli("train", "--algo", "vapo", "--pos-lm-coef", "-1", "--out", tmp_path / "o"), "pos_lm_coef")
+
+
 def test_unknown_algo_and_conflicts(tmp_path):
     assert_user_error(run_cli("train", "--algo", "reinforce", "--out", tmp_path / "o"), "ppo")
     assert_user_error(run_cli("train", "--resume", "--overwrite", "--out", tmp_path / "o"), "conflict")

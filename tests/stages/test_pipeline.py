@@ -1,4 +1,5 @@
-"""The pipeline end to end with the tiny model: prepare-data → pretrain-value → train (4 algos) → eval."""
+"""The pipeline end to end with the tiny model: prepare-data → pretrain-value → train (every --algo row, and a
+--policy-loss override) → eval."""
 
 from __future__ import annotations
 
@@ -44,13 +45,15 @@ def test_chain(prepared, tiny_model, tmp_path):
     assert "value_by_position" in bias["before"] and "value_by_position" in bias["after"]
     assert len([ln for ln in (critic / "metrics.jsonl").read_text().splitlines() if ln]) == 2
 
-    for algo in ("ppo", "vcppo", "grpo", "dapo"):
-        out = tmp_path / algo
-        extra = ["--critic", critic] if algo == "vcppo" else []
+    runs = {algo: [] for algo in ("ppo", "grpo", "dapo", "gspo", "cispo", "drgrpo")}
+    runs.update(vcppo=["--critic", critic], vapo=["--critic", critic], clipcov=["--policy-loss", "clip-cov", "--cov-clip-ratio", "0.05"])
+    for run, extra in runs.items():
+        algo = "grpo" if run == "clipcov" else run
+        out = tmp_path / run
         r = run_cli("train", "--algo", algo, "--model", tiny_model, "--data", prepared, "--out", out, "--steps", "2",
                     "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "4", "--overlong-cache-len", "4",
                     "--lr", "1e-4", "--max-gen-rounds", "2", *extra, *SMALL)
-        assert r.exit_code == 0, f"{algo}: {r.output}"
+        assert r.exit_code == 0, f"{run}: {r.output}"
         lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
         assert [m["step"] for m in lines] == [1, 2], algo
         for key in ("rollout/reward_mean", "rollout/acc_mean", "rollout/response_length_mean", "rollout/truncated_frac", "rollout/ds_rounds", "perf/gen_tokens_per_s"):
@@ -58,9 +61,13 @@ def test_chain(prepared, tiny_model, tmp_path):
         AutoModelForCausalLM.from_pretrained(out / "policy")
         man = json.loads((out / "manifest.json").read_text())
         assert man["stage"] == "train" and man["algo"]["name"] == algo
-        if algo in ("ppo", "vcppo"):
+        if algo in ("ppo", "vcppo", "vapo"):
             assert any("critic/vf_loss" in m for m in lines), algo
             assert (out / "checkpoints" / "step_2" / "critic" / "config.json").is_file()
+        if algo == "vapo":
+            assert man["algo"]["pos_lm_coef"] == 0.1 and man["algo"]["adaptive_lambda"]
+        if run == "clipcov":
+            assert man["algo"]["policy_loss"] == "clip-cov" and any("actor/cov_selected_frac" in m for m in lines)
 
     ev = tmp_path / "eval"
     r = run_cli("eval", "file", "--dataset", prepared, "--model", tmp_path / "dapo", "--out", ev, "--n", "4", "--engine", "hf",

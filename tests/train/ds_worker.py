@@ -3,7 +3,7 @@
 Every process builds the same synthetic batch of GRPO groups (fixed prompts, responses and
 rewards: no sampling), keeps its share of the groups (``groups[rank::world]``, as ``Collector.collect``
 shares prompts), and runs the real ``Learner`` update: ``prepare`` (old log-probs from the current
-policy) → ``advantages`` → ``update_policy`` → ``scheduler_step``, for ``--steps`` steps. After
+policy) → ``advantages`` → ``update_policy`` (GRPO's loss + the positive-example NLL) → ``scheduler_step``, for ``--steps`` steps. After
 step ``steps - 1`` it saves the model and the backend state, and at the end it resumes from them
 into a fresh model + backend and redoes the last step. Rank 0 writes everything to ``--out``.
 
@@ -59,9 +59,10 @@ def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, worl
     from reasonrl.algos import Sampling
     from reasonrl.train.ranks import Ranks
 
-    return Learner(spec=get_algo("grpo"), policy=model, policy_backend=backend, critic_backend=None, ref_model=None, sampling=Sampling(),
-                   pad_id=tok.pad_token_id,
-                   max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, ranks=Ranks(rank, world))
+    # GRPO + VAPO's positive-example NLL: its denominator (correct-response tokens) is global across ranks too
+    return Learner(spec=get_algo("grpo").replace(pos_lm_coef=0.1), policy=model, policy_backend=backend, critic_backend=None, ref_model=None,
+                   sampling=Sampling(), pad_id=tok.pad_token_id, max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local,
+                   ppo_epochs=EPOCHS, dtype="fp32", seed=0, ranks=Ranks(rank, world))
 
 
 def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:

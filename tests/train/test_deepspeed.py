@@ -101,6 +101,7 @@ def test_zero_update_matches_single_process(ds_update_results, tiny_model, zero)
     for step, (r, d) in enumerate(zip(ref["metrics"], ds["metrics"]), start=1):
         # pg_loss is the weighted loss itself (summed over ranks); grad_norm the global pre-clip norm.
         assert _close(r["pg_loss"], d["pg_loss"]), (step, r["pg_loss"], d["pg_loss"])
+        assert _close(r["nll_loss"], d["nll_loss"]), (step, r["nll_loss"], d["nll_loss"])  # the NLL's global denominator
         assert _close(r["grad_norm"], d["grad_norm"]), (step, r["grad_norm"], d["grad_norm"])
         assert r["lr"] == pytest.approx(d["lr"], rel=1e-12), step
     assert [m["lr"] for m in ds["metrics"]] == pytest.approx([1e-3, 2e-3, 2e-3])  # warm-up over 2 steps, then constant
