@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
+from reasonrl.engines.base import Completion, GenerationStats, ProgressFn, SamplingParams
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -67,7 +67,7 @@ class HFEngine:
         self.model = None
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         t0 = time.perf_counter()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
@@ -81,6 +81,8 @@ class HFEngine:
             outs = self._generate_batch([rows[j][1] for j in chunk], params, [rows[j][0] for j in chunk])
             for j, c in zip(chunk, outs):
                 results[j] = c
+            if progress is not None:
+                progress(len(outs), sum(len(c.token_ids) for c in outs))
         grouped: list[list[Completion]] = [[] for _ in prompts]
         for (i, _), c in zip(rows, results):
             assert c is not None
