@@ -22,25 +22,29 @@ _current: ContextVar["Display | None"] = ContextVar("reasonrl_display", default=
 class Bar:
     """One line of a display: ``advance`` counts work done (and tokens, shown as tok/s)."""
 
-    def __init__(self, display: "Display", task: Any, unit: str) -> None:
-        self.display, self.task, self.unit = display, task, unit
-        self.tokens = 0
+    def __init__(self, display: "Display", task: Any, unit: str, counted: bool) -> None:
+        self.display, self.task, self.unit, self.counted = display, task, unit, counted
+        self.done, self.tokens = 0.0, 0
         self.t0 = time.perf_counter()
-        self.display.progress.update(self.task, info=unit)
+        self.display.progress.update(self.task, info=self._info())
 
-    def advance(self, n: float = 1, *, tokens: int = 0) -> None:
-        self.tokens += tokens
-        info = self.unit
+    def _info(self) -> str:
+        info = self.unit if self.counted else f"{self.done:.0f} {self.unit}" if self.unit else ""
         if self.tokens:
             info += f" · {self.tokens / max(time.perf_counter() - self.t0, 1e-9):.0f} tok/s"
-        self.display.progress.update(self.task, advance=n, info=info)
+        return info
+
+    def advance(self, n: float = 1, *, tokens: int = 0) -> None:
+        self.done += n
+        self.tokens += tokens
+        self.display.progress.update(self.task, advance=n, info=self._info())
 
     def generated(self, completions: int, tokens: int) -> None:
         """An engine's ``progress`` callback (``reasonrl.engines.base.ProgressFn``)."""
         self.advance(completions, tokens=tokens)
 
-    def describe(self, description: str) -> None:
-        self.display.progress.update(self.task, description=description)
+    def close(self) -> None:
+        self.display.progress.remove_task(self.task)
 
 
 class Display:
@@ -86,16 +90,16 @@ class Display:
 
     def bar(self, description: str, total: float | None, *, unit: str = "", completed: float = 0) -> Bar:
         """A bar that stays until the display closes."""
-        return Bar(self, self.progress.add_task(description, total=total, completed=completed, info=""), unit)
+        return Bar(self, self.progress.add_task(description, total=total, completed=completed, info=""), unit, counted=total is not None)
 
     @contextmanager
     def phase(self, description: str, total: float | None = None, *, unit: str = "") -> Iterator[Bar]:
-        """A bar for one piece of work, removed when it ends (no total: a pulsing bar with elapsed time)."""
+        """A bar for one piece of work, removed when it ends (no total: a pulsing line with the count and elapsed time)."""
         b = self.bar(description, total, unit=unit)
         try:
             yield b
         finally:
-            self.progress.remove_task(b.task)
+            b.close()
 
     def status(self, description: str) -> None:
         """What the current step is doing: one pulsing line, its clock restarted at each change."""
@@ -119,6 +123,12 @@ def status(description: str) -> None:
     d = current()
     if d is not None:
         d.status(description)
+
+
+def open_bar(description: str, total: float | None = None, *, unit: str = "") -> Bar | None:
+    """A bar on the current display until its ``close()`` (None when nothing is shown)."""
+    d = current()
+    return d.bar(description, total, unit=unit) if d is not None else None
 
 
 @contextmanager

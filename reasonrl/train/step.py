@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from reasonrl.progress import status
 from reasonrl.train.collector import Collected, Collector
 from reasonrl.train.learner import Learner
 from reasonrl.train.metrics import position_metrics, rollout_metrics
@@ -24,6 +25,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m: dict[str, Any] = {"step": step}
 
     # 1. Collect: each rank generates its share of the global prompts_per_step.
+    status(f"step {step}: generate + score")
     col = collector.collect(math.ceil(prompts_per_step / learner.world))
     agree_on_batch(col, learner.world)
     if not col.groups:
@@ -35,6 +37,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         return m
 
     # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights.
+    status(f"step {step}: prepare (old log-probs, values)")
     t0 = time.perf_counter()
     st = learner.prepare(col.groups)
     m["perf/prepare_s"] = time.perf_counter() - t0
@@ -43,10 +46,12 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m.update(rollout_metrics(col, st))
     # 4. Updates: the critic, then the policy.
     if learner.critic_backend is not None:
+        status(f"step {step}: update critic")
         t1 = time.perf_counter()
         m.update(learner.update_critic(st))
         learner.critic_backend.scheduler_step()
         m["perf/update_critic_s"] = time.perf_counter() - t1
+    status(f"step {step}: update actor")
     t1 = time.perf_counter()
     m.update(learner.update_policy(st))
     learner.policy_backend.scheduler_step()
@@ -57,6 +62,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(time.perf_counter() - t0, 1e-9)  # tokens through the policy update per second
 
     # 5. Sync: the new policy weights into the generation engine.
+    status(f"step {step}: sync weights")
     t0 = time.perf_counter()
     engine.update_weights(learner.policy_backend.full_state_dict())
     m["perf/weight_sync_s"] = time.perf_counter() - t0
