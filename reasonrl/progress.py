@@ -89,8 +89,15 @@ class Display:
         self.stop()
 
     def bar(self, description: str, total: float | None, *, unit: str = "", completed: float = 0) -> Bar:
-        """A bar that stays until the display closes."""
-        return Bar(self, self.progress.add_task(description, total=total, completed=completed, info=""), unit, counted=total is not None)
+        """A bar that stays until the display closes (or its ``close()``)."""
+        bar = Bar(self, self.progress.add_task(description, total=total, completed=completed, info=""), unit, counted=total is not None)
+        self._show()
+        return bar
+
+    def _show(self) -> None:
+        """Draw now (a new line appears at once, even when its work ends before the next redraw)."""
+        if self._token is not None:
+            self.progress.refresh()
 
     @contextmanager
     def phase(self, description: str, total: float | None = None, *, unit: str = "") -> Iterator[Bar]:
@@ -107,6 +114,7 @@ class Display:
             self._status = self.progress.add_task(description, total=None, info="")
         else:
             self.progress.reset(self._status, description=description, total=None, info="")
+        self._show()
 
     def print(self, *objects: Any) -> None:
         """A line above the bars (the console's own print when the display is off)."""

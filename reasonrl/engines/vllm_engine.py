@@ -287,12 +287,16 @@ class VLLMEngine:
 class ProgressHook:
     """What ``LLM.generate(use_tqdm=callable)`` drives in place of a tqdm bar: vLLM sets ``postfix``
     to its speed estimate ("output: X toks/s", X = tokens so far / ``format_dict["elapsed"]``) and
-    calls ``update(n)`` when a request's n completions finish; both go to ``progress``."""
+    calls ``update(n)`` when a request's n completions finish; both go to ``progress``. vLLM also
+    wraps its request list in one while adding the requests: that one only iterates."""
 
-    def __init__(self, progress: ProgressFn, **_: Any) -> None:
-        self.progress, self.n, self.tokens, self.postfix = progress, 0, 0, ""
+    def __init__(self, progress: ProgressFn, iterable: Iterable[Any] | None = None, **_: Any) -> None:
+        self.progress, self.iterable, self.n, self.tokens, self.postfix = progress, iterable, 0, 0, ""
         self.t0 = time.perf_counter()
         self.elapsed = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.iterable or ())
 
     @property
     def format_dict(self) -> dict[str, float]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonrl.progress import open_bar
 from reasonrl.report.figures import FIGURES
 from reasonrl.report.runs import Run, collect_runs
 
@@ -38,7 +39,11 @@ def build_report(paths: list[str | Path], out: str | Path, *, smooth: int = 0, t
     out.mkdir(parents=True, exist_ok=True)
     rep = Report(out=out, html=out / "report.html", runs=runs)
     sections: list[str] = []
+    bar = open_bar("report: figures", len(FIGURES), unit="figures")
     for spec in FIGURES:
+        (out / f"{spec.name}.png").unlink(missing_ok=True)  # never leave a figure of an earlier report
+        if bar is not None:
+            bar.advance()
         drawn = spec.draw(runs, smooth)
         notes = list(dict.fromkeys(drawn.notes))
         body = f"<p class='cap'>{html.escape(spec.caption)}</p>"

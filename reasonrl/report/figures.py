@@ -69,8 +69,10 @@ def _axes(ax: Any, ylabel: str, title: str, xlabel: str = STEP) -> None:
 
 def legend(ax: Any) -> None:
     """Under the axes, never over the data."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:
+        ncol = 2 if max(map(len, labels)) <= 40 else 1
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False)
 
 
 def _curves(ax: Any, runs: list[Run], all_runs: list[Run], key: str, smooth: int, notes: list[str], *, style: str = "-", what: str = "") -> bool:

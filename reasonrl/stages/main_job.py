@@ -101,7 +101,7 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
                                    max_problems=cfg.aime_problems, **{**common, "model": str(out / "train" / "policy")}), console,
                         title="AIME (a few problems)")
     phase("report")
-    report = run_report(ReportConfig(runs=[str(out)], out=str(out / "report"), title="reasonrl main job"), console)
+    report = run_report(ReportConfig(runs=[str(out)], out=str(out / "report"), title="reasonrl main job", quiet=cfg.quiet), console)
     total = time.perf_counter() - t0
     table = Table(title="main job: held-out accuracy, base vs trained (DAPO)")
     table.add_column("policy")
