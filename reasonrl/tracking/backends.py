@@ -76,8 +76,9 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    """An MLflow run, in ``$MLFLOW_TRACKING_URI`` or else ``<run_dir>/mlruns`` (``mlflow ui
-    --backend-store-uri <run_dir>/mlruns``); experiment ``$MLFLOW_EXPERIMENT_NAME`` (default "reasonrl").
+    """An MLflow run, in ``$MLFLOW_TRACKING_URI`` or else the SQLite store ``<run_dir>/mlflow.db``
+    (``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db``; MLflow 3 refuses new file
+    stores); experiment ``$MLFLOW_EXPERIMENT_NAME`` (default "reasonrl").
     MLflow's names allow letters, digits and ``_-. /``: other characters (``avg@4``) become ``_``."""
 
     name = "mlflow"
@@ -86,7 +87,7 @@ class MlflowTracker:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or (Path(run_dir).resolve() / "mlruns").as_uri())
+        mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}")
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "reasonrl"))
         mlflow.start_run(run_name=_run_name(name, start_step))
         params = sorted(_flat(config).items())

@@ -21,11 +21,8 @@ TRAIN = ["--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-siz
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory, toy_data_file):
-    out = tmp_path_factory.mktemp("trk") / "data"
-    r = run_cli("prepare-data", toy_data_file, "--out", out, "--template", "none", "--val-size", "4")
-    assert r.exit_code == 0, r.output
-    return out
+def prepared(toy_prepared):
+    return toy_prepared
 
 
 def jsonl(path: Path) -> list[dict]:
