@@ -8,10 +8,9 @@ import html
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from reasonrl.progress import open_bar
-from reasonrl.report.figures import FIGURES
+from reasonrl.report.figures import FIGURES, problems
 from reasonrl.report.runs import Run, collect_runs
 
 
@@ -76,6 +75,5 @@ def build_report(paths: list[str | Path], out: str | Path, *, smooth: int = 0, t
 
 def _size(r: Run) -> str:
     if r.stage == "eval":
-        res: dict[str, Any] = r.results or {}
-        return f"{res.get('problems', '?')} problems × {res.get('n', '?')}" if res else "-"
+        return problems(r) if r.results else "-"
     return f"{len(r.metrics)} steps"

@@ -200,11 +200,16 @@ def draw_gap(runs: list[Run], smooth: int) -> Drawn:
 
 
 def draw_dynamic_sampling(runs: list[Run], smooth: int) -> Drawn:
-    return _line_panels(train_runs(runs), runs, smooth, [
+    from matplotlib.ticker import MaxNLocator
+
+    d = _line_panels(train_runs(runs), runs, smooth, [
         ("generation rounds", "rounds per step", [("rollout/ds_rounds", "-", "")]),
         ("prompt groups per step", "groups (G responses each)", [("rollout/ds_kept_groups", "-", "kept"), ("rollout/ds_dropped_all_correct", "--", "dropped: all correct"),
                                                                   ("rollout/ds_dropped_all_wrong", ":", "dropped: all wrong")]),
     ])
+    for ax in d.fig.axes if d.fig is not None else []:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts
+    return d
 
 
 def draw_value(runs: list[Run], smooth: int) -> Drawn:
@@ -259,7 +264,7 @@ def draw_eval(runs: list[Run], smooth: int) -> Drawn:
         vals = [100 * float(m["value"]) for _, m in have]
         err = [[v - 100 * float(m["ci"][0]) for v, (_, m) in zip(vals, have)], [100 * float(m["ci"][1]) - v for v, (_, m) in zip(vals, have)]]
         bars = ax.bar([j + (i - (len(evals) - 1) / 2) * width for j, _ in have], vals, width, yerr=err, capsize=3, color=color(r, runs),
-                      label=f"{r.label} ({r.results.get('problems', '?')} problems × {r.results.get('n', '?')})")
+                      label=f"{r.label} ({problems(r)})")
         ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)
         out.notes += [f"{r.label}: no {k}" for k in names if k not in ms]
     ax.set_xticks(range(len(names)), names)
@@ -270,6 +275,13 @@ def draw_eval(runs: list[Run], smooth: int) -> Drawn:
     legend(ax)
     out.fig = fig
     return out
+
+
+def problems(r: Run) -> str:
+    """An eval run's size: 'P problems × n samples'."""
+    res = r.results or {}
+    p = res.get("problems", "?")
+    return f"{p} problem{'' if p == 1 else 's'} × {res.get('n', '?')} samples"
 
 
 PHASES = (("perf/generate_s", "generate"), ("perf/score_s", "score"), ("perf/prepare_s", "prepare (old log-probs, values)"),

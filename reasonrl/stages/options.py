@@ -46,7 +46,7 @@ class ProgressOpts:
 @dataclass
 class TrackOpts(ProgressOpts):
     report_to: list[str] = opt(["tensorboard"], "Experiment trackers that get the metrics besides metrics.jsonl: tensorboard (event files in the run directory), "
-                               "wandb, mlflow, trackio (optional extras: pip install 'reasonrl[wandb]'), or none; repeat the option or separate with commas.")
+                               "wandb, mlflow, trackio (optional extras: pip install 'reasonrl\\[wandb]'), or none; repeat the option or separate with commas.")
 
     def _check_tracking(self) -> None:
         from reasonrl.tracking import tracker_names

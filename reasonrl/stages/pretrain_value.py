@@ -121,6 +121,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
         display.start()
         status("held-out batch: generate + score")
         held_col = held.collect(min(cfg.eval_prompts, len(val_rows)), dynamic=False)
+        status("held-out batch: values before pretraining")
         held_st = learner.prepare(held_col.groups)
         before = _picture(learner, held_st, cfg.group_size)
         display.print(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts) | before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
