@@ -18,6 +18,7 @@ from typing import Any
 from reasonrl.errors import ReasonRLError
 
 PLOTTED_STAGES = ("train", "pretrain-value", "eval")
+ORDER = {"prepare-data": 0, "pretrain-value": 1, "train": 2, "eval": 3}
 
 
 @dataclass
@@ -112,7 +113,7 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
             (found.append((p, stage, complete)) if stage in PLOTTED_STAGES else skipped.append(f"{p} ({stage}): nothing to plot"))
             continue
         children = [(c, *_stage_of(c)) for c in sorted(p.iterdir()) if c.is_dir()]
-        children = [c for c in children if c[1] is not None]
+        children = sorted((c for c in children if c[1] is not None), key=lambda c: ORDER.get(c[1], len(ORDER)))  # pipeline order, then name
         if not children:
             raise ReasonRLError(f"{p} holds no run (no manifest.json, metrics.jsonl or results.json, nor run directories inside): "
                                 "pass directories written by train, pretrain-value, eval or main-job")

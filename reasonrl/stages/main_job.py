@@ -2,8 +2,9 @@
 
 prepare-data (bundled arithmetic, integer answers) → pretrain-value (VC-PPO) → train --algo dapo →
 eval of the base and the trained policy on the held-out problems (with confidence intervals) →
-a few AIME samples, said plainly → ``reasonrl report`` on it all (out/report/report.html). Every stage reads the recipes in ``stages/`` (``*-cpu.toml``)
-and writes its artifacts under ``out/``; the same commands run one by one give the same result.
+a few AIME samples, said plainly → ``reasonrl report`` on it all (``out/report/report.html``).
+Every stage reads the recipes in ``stages/`` (``*-cpu.toml``) and writes its artifacts under
+``out/``; the same commands run one by one give the same result.
 """
 
 from __future__ import annotations
