@@ -51,22 +51,36 @@ class Display:
     """A stage's live bars on ``console`` (rich, transient: they vanish when done)."""
 
     def __init__(self, console: Any, *, quiet: bool = False) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.text import Text
 
-        class Counted(TextColumn):  # a column shown only on bars with a total (not on status lines)
+        class Counted(ProgressColumn):  # a column shown only on bars with a total (not on status lines)
             def __init__(self, inner: Any) -> None:
-                super().__init__("")
+                super().__init__()
                 self.inner = inner
 
             def render(self, task: Any) -> Any:
                 return self.inner.render(task) if task.total is not None else Text("")
 
+        class Eta(ProgressColumn):
+            """Time left at the average pace since the bar started (rich's own estimate looks at the
+            last 30 s only, so a bar whose units take minutes, like training steps, never got one)."""
+
+            def render(self, task: Any) -> Any:
+                if task.total is None:
+                    return Text("")
+                done = task.completed - task.fields.get("first", 0)
+                if task.finished:
+                    return Text("eta 0:00:00")
+                if done <= 0 or not task.elapsed:
+                    return Text("eta -:--:--")
+                left = int(task.elapsed / done * (task.total - task.completed))
+                return Text(f"eta {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}", style="progress.remaining")
+
         self.console = console
         self.active = not quiet and bool(console.is_terminal)
         self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), Counted(BarColumn(bar_width=30)), Counted(MofNCompleteColumn()),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), Counted(TextColumn("eta")), Counted(TimeRemainingColumn()),
-                                 console=console, transient=True, disable=not self.active)
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), Eta(), console=console, transient=True, disable=not self.active)
         self._status: Any = None
         self._token: Any = None
 
@@ -90,7 +104,7 @@ class Display:
 
     def bar(self, description: str, total: float | None, *, unit: str = "", completed: float = 0) -> Bar:
         """A bar that stays until the display closes (or its ``close()``)."""
-        bar = Bar(self, self.progress.add_task(description, total=total, completed=completed, info=""), unit, counted=total is not None)
+        bar = Bar(self, self.progress.add_task(description, total=total, completed=completed, info="", first=completed), unit, counted=total is not None)
         self._show()
         return bar
 
