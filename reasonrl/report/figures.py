@@ -72,7 +72,7 @@ def legend(ax: Any) -> None:
     labels = ax.get_legend_handles_labels()[1]
     if labels:
         ncol = 2 if max(map(len, labels)) <= 40 else 1
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False, handlelength=3.5)
 
 
 def _curves(ax: Any, runs: list[Run], all_runs: list[Run], key: str, smooth: int, notes: list[str], *, style: str = "-", what: str = "") -> bool:
@@ -233,13 +233,13 @@ def draw_bias(runs: list[Run], smooth: int) -> Drawn:
     fig, axes = _figure(2)
     for ax, key, ylabel in ((axes[0], "value_by_position", "mean value V(s_t)"), (axes[1], "advantage_by_position", "mean advantage Â_t (GAE, λ_actor)")):
         for r in have:
-            for when, style in (("before", "--"), ("after", "-")):
+            for when, style, fill in (("before", "--", "none"), ("after", "-", "full")):
                 ys = r.bias[when].get(key) or []
                 if not ys:
                     out.notes.append(f"{r.label}: no {key} {when} pretraining")
                     continue
                 vl = r.bias[when].get("value_loss")
-                ax.plot(range(len(ys)), ys, style, marker=".", color=color(r, runs),
+                ax.plot(range(len(ys)), ys, style, marker="o", markersize=4, fillstyle=fill, color=color(r, runs),
                         label=f"{r.label} · {when} pretraining" + (f" (value loss {vl:.3g})" if isinstance(vl, (int, float)) else ""))
         ax.axhline(0, color="grey", linewidth=0.8)
         _axes(ax, ylabel, key.replace("_", " ") + " (held-out responses)", xlabel="token position bin (0 = response start → end)")
@@ -329,7 +329,8 @@ FIGURES: list[FigureSpec] = [
                "Generation rounds per step and what happened to the prompt groups: kept, or dropped because every response was correct or every one wrong (DAPO §3.2).", draw_dynamic_sampling),
     FigureSpec("value", "Value model", "Critic loss and explained variance of the values (pretrain-value: on freshly sampled responses of the fixed policy).", draw_value),
     FigureSpec("value_bias", "Value and advantage by position, before and after value pretraining",
-               "VC-PPO's picture on held-out responses: an untrained critic values early tokens low, so early advantages are biased positive; value pretraining removes the bias.", draw_bias),
+               "VC-PPO's picture, on the same held-out responses before (dashed, open markers) and after (solid) value pretraining: the paper finds that a critic "
+               "initialised from a reward model values early tokens low, so early advantages are biased positive, and that value pretraining removes the bias.", draw_bias),
     FigureSpec("eval", "Evaluation", "avg@n, pass@k and maj@n with 95% percentile-bootstrap confidence intervals over problems.", draw_eval),
     FigureSpec("time_split", "Time per step", "Seconds per step in each phase (perf/*_s); 'other' is the rest of perf/step_s.", draw_time),
 ]
