@@ -158,7 +158,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
             raise ReasonRLError(f"--resume: no checkpoint in {out}/checkpoints: run without --resume (or check --out)")
     elif rank == 0:
         prepare_out_dir(out, overwrite=cfg.overwrite)
-        for sub in ("checkpoints", "rollouts", "policy"):
+        for sub in ("checkpoints", "rollouts", "policy", "tensorboard"):
             shutil.rmtree(out / sub, ignore_errors=True)
         (out / "metrics.jsonl").unlink(missing_ok=True)
     if world > 1:
