@@ -117,6 +117,7 @@ def _register() -> None:
     from reasonrl.stages.main_job import MainJobConfig, run_main_job
     from reasonrl.stages.prepare_data import PrepareConfig, print_report, run_prepare
     from reasonrl.stages.pretrain_value import PretrainValueConfig, run_pretrain_value
+    from reasonrl.stages.report import ReportConfig, run_report
     from reasonrl.stages.rollout import RolloutConfig, run_rollout
     from reasonrl.stages.train import TrainConfig, run_train
 
@@ -139,6 +140,8 @@ def _register() -> None:
                       help=f"Evaluate on {eval_set.description}.")
     stage_command(eval_app, "file", EvalConfig, run_eval, stage="eval",
                   help="Evaluate on any dataset file (jsonl/json/parquet with problem + integer answer, or a prepare-data directory): --dataset PATH.")
+    stage_command(app, "report", ReportConfig, run_report, arguments=("runs",),
+                  help="Draw the runs' curves (reward, entropy, lengths, clipping, value bias, eval CIs, time split) as PNGs and one self-contained report.html.")
     stage_command(app, "main-job", MainJobConfig, run_main_job,
                   help="The embedded demo: prepare-data → pretrain-value → train --algo dapo → eval, on SmolLM2-135M-Instruct and bundled arithmetic.")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from reasonrl.engines.base import GenerationEngine, SamplingParams
+from reasonrl.progress import phase
 
 
 @dataclass
@@ -89,13 +90,16 @@ def generate_rollouts(
     max_prompt_len: int,
     group_ids: Sequence[int] | None = None,
     row_offset: int = 0,
-    progress: Any = None,
+    display: Any = None,
 ) -> tuple[list[list[Sample]], RolloutStats]:
     """Sample ``params.n`` responses for each row; return one list of samples per kept prompt.
 
     ``group_ids[i]`` names row i's group (default: its position); ``params.seeds``, when given, has
     one seed per row. Rows whose prompt is longer than ``max_prompt_len`` are skipped and counted.
-    """
+
+    Progress goes to ``display`` (a ``reasonrl.progress.Display``; default: the current one, if
+    any): a generation bar fed by the engine's ``progress`` callback (responses done of all, tok/s,
+    ETA) and a scoring line. Without a display the engine gets one plain call, as always."""
     stats = RolloutStats()
     texts, ids, kept = [], [], []
     for i, row in enumerate(rows):
@@ -112,7 +116,8 @@ def generate_rollouts(
     if params.seeds is not None and len(kept) < len(rows):
         params = dataclasses.replace(params, seeds=tuple(params.seeds[i] for i in kept))
     t0 = time.perf_counter()
-    outs = engine.generate(ids, params)
+    with phase("generate", len(ids) * params.n, unit=f"responses ({len(ids)} prompts × {params.n})", display=display) as bar:
+        outs = engine.generate(ids, params) if bar is None else engine.generate(ids, params, progress=bar.generated)
     stats.gen_seconds = time.perf_counter() - t0
     groups: list[list[Sample]] = []
     flat: list[Sample] = []
@@ -140,7 +145,8 @@ def generate_rollouts(
     stats.samples = len(flat)
     stats.gen_tokens = sum(s.length for s in flat)
     t0 = time.perf_counter()
-    scores, sstats = scorer.score_batch([s.response for s in flat], [s.ground_truth for s in flat])
+    with phase(f"score {len(flat)} responses", display=display):
+        scores, sstats = scorer.score_batch([s.response for s in flat], [s.ground_truth for s in flat])
     stats.score_seconds = time.perf_counter() - t0
     stats.scorer = {k: int(v) for k, v in sstats.as_dict().items() if k != "seconds"}
     for s, sc in zip(flat, scores):

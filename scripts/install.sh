@@ -8,6 +8,14 @@ PY=${PYTHON:-python3}
 VENV=${REASONRL_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+# Chromium (headless) opens `reasonrl report`'s report.html in the tests: Debian's package, where
+# apt-get is available (as root or with password-less sudo); otherwise that one test is skipped.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+  { $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }; } \
+    || echo "reasonrl: could not install chromium with apt-get; the report's browser test will be skipped" >&2
+fi
 stamp="$VENV/.reasonrl-install-$(sha256sum pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
   pip install --no-deps --no-build-isolation -e . >/dev/null

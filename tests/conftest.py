@@ -31,3 +31,14 @@ def toy_data_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("toy") / "toy.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in toy_rows(200, seed=3)))
     return p
+
+
+@pytest.fixture(scope="session")
+def toy_prepared(tmp_path_factory, toy_data_file) -> Path:
+    """The toy data through `reasonrl prepare-data` (template none, 4 held out)."""
+    from clihelp import run_cli
+
+    out = tmp_path_factory.mktemp("toyprep") / "data"
+    r = run_cli("prepare-data", toy_data_file, "--out", out, "--template", "none", "--val-size", "4")
+    assert r.exit_code == 0, r.output
+    return out

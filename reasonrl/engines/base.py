@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from reasonrl.config import check, opt
 from reasonrl.errors import ReasonRLError
@@ -70,12 +70,19 @@ class GenerationStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+ProgressFn = Callable[[int, int], None]
+"""``progress(completions, tokens)``: called while ``generate`` runs, each time some completions
+finish (how many finished since the last call, and the tokens they hold). Display only: it never
+changes what is generated."""
+
+
 class GenerationEngine(Protocol):
     name: str
     last_stats: GenerationStats
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        """``len(prompts)`` lists of ``params.n`` completions each."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
+        """``len(prompts)`` lists of ``params.n`` completions each; ``progress`` (optional) hears
+        about completions as they finish."""
         ...
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
@@ -83,8 +90,6 @@ class GenerationEngine(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from reasonrl.algos.logits import Sampling, sampling_logits
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, prompt_seeds
+from reasonrl.engines.base import Completion, GenerationStats, ProgressFn, SamplingParams, prompt_seeds
 
 
 class HFEngine:
@@ -54,7 +54,7 @@ class HFEngine:
         self.model = None
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         t0 = time.perf_counter()
         seeds = prompt_seeds(params, len(prompts))
         if seeds and seeds[0] is None:  # unseeded: the engine's own stream picks the prompts' seeds
@@ -70,6 +70,8 @@ class HFEngine:
             outs = self._generate_batch([rows[j][1] for j in chunk], params, [rows[j][0] for j in chunk], [row_seeds[j] for j in chunk])
             for j, c in zip(chunk, outs):
                 results[j] = c
+            if progress is not None:
+                progress(len(outs), sum(len(c.token_ids) for c in outs))
         grouped: list[list[Completion]] = [[] for _ in prompts]
         for (i, _), c in zip(rows, results):
             assert c is not None

@@ -28,7 +28,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, eos_token_ids, prompt_seeds
+from reasonrl.engines.base import Completion, GenerationStats, ProgressFn, SamplingParams, eos_token_ids, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
 
@@ -107,12 +107,19 @@ class ServerEngine:
             raise ReasonRLError(f"the vLLM server at {self.url} returned {len(choices)} completions for n={p.n}")
         return [_completion(c) for c in choices]
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         t0 = time.perf_counter()
         _ = self.model  # fail early, once, when the server is unreachable
         jobs = [([int(t) for t in pr], seed) for pr, seed in zip(prompts, prompt_seeds(params, len(prompts)))]
+
+        def one(job: tuple[list[int], int | None]) -> list[Completion]:
+            comps = self._one(job[0], params, job[1])
+            if progress is not None:
+                progress(len(comps), sum(len(c.token_ids) for c in comps))
+            return comps
+
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, max(1, len(jobs)))) as pool:
-            grouped = list(pool.map(lambda j: self._one(j[0], params, j[1]), jobs))
+            grouped = list(pool.map(one, jobs))
         n_tok = sum(len(c.token_ids) for g in grouped for c in g)
         self.last_stats = GenerationStats(len(prompts), sum(len(g) for g in grouped), n_tok, time.perf_counter() - t0)
         return grouped

@@ -45,11 +45,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import functools
 import os
+import re
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, eos_token_ids, model_config, prompt_seeds
+from reasonrl.engines.base import Completion, GenerationStats, ProgressFn, SamplingParams, eos_token_ids, model_config, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
@@ -183,7 +185,7 @@ class VLLMEngine:
             detokenize=False,
         )
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
@@ -201,8 +203,9 @@ class VLLMEngine:
             sp = self._sampling(params, None)
         else:
             sp = [self._sampling(params, s) for s in seeds]
-        # One call for all prompts: vLLM's scheduler batches every sequence (continuous batching).
-        outs = self.llm.generate(inputs, sp, use_tqdm=False)
+        # One call for all prompts: vLLM's scheduler batches every sequence (continuous batching);
+        # progress rides on vLLM's own per-request progress hook, so it changes nothing of that.
+        outs = self.llm.generate(inputs, sp, use_tqdm=functools.partial(ProgressHook, progress) if progress else False)
         grouped: list[list[Completion]] = []
         n_tok = 0
         for req in outs:
@@ -280,6 +283,39 @@ class VLLMEngine:
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+class ProgressHook:
+    """What ``LLM.generate(use_tqdm=callable)`` drives in place of a tqdm bar: vLLM sets ``postfix``
+    to its speed estimate ("output: X toks/s", X = tokens so far / ``format_dict["elapsed"]``) and
+    calls ``update(n)`` when a request's n completions finish; both go to ``progress``. vLLM also
+    wraps its request list in one while adding the requests: that one only iterates."""
+
+    def __init__(self, progress: ProgressFn, iterable: Iterable[Any] | None = None, **_: Any) -> None:
+        self.progress, self.iterable, self.n, self.tokens, self.postfix = progress, iterable, 0, 0, ""
+        self.t0 = time.perf_counter()
+        self.elapsed = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.iterable or ())
+
+    @property
+    def format_dict(self) -> dict[str, float]:
+        self.elapsed = max(time.perf_counter() - self.t0, 1e-9)
+        return {"elapsed": self.elapsed}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        m = re.search(r"output: ([0-9.]+) toks/s", str(self.postfix))
+        tokens = round(float(m.group(1)) * self.elapsed) if m else self.tokens
+        self.progress(n, max(tokens - self.tokens, 0))
+        self.tokens = max(tokens, self.tokens)
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _repack_tied_lm_head(model: Any) -> int:

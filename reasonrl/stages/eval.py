@@ -21,10 +21,10 @@ from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.errors import ReasonRLError
 from reasonrl.evaluation.sets import EVAL_SETS
-from reasonrl.stages.options import ModelOpts
+from reasonrl.stages.options import ModelOpts, TrackOpts
 
 @dataclass
-class EvalConfig(ModelOpts):
+class EvalConfig(ModelOpts, TrackOpts):
     dataset: str = opt("aime", f"A bundled set ({', '.join(EVAL_SETS)}), a data file, or a prepare-data directory (its validation split).")
     n: int = opt(32, "Samples per distinct problem (DAPO: 32); rows with the same prompt and ground truth are one problem.")
     temperature: float = opt(1.0, "Sampling temperature (DAPO eval: 1.0).")
@@ -41,6 +41,7 @@ class EvalConfig(ModelOpts):
 
     def __post_init__(self) -> None:
         self._check_model()
+        self._check_tracking()
         check(self.n >= 1, "n must be >= 1")
         check(0 <= self.temperature < math.inf and 0 < self.top_p <= 1, "temperature must be finite and >= 0, and top_p in (0, 1]")
         check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}")
@@ -135,6 +136,21 @@ def engine_version(engine: Any, versions: dict[str, str]) -> str | None:
     return None
 
 
+def val_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """What the trackers get from results.json: ``val/<metric>`` (with ``_ci_low`` / ``_ci_high``),
+    ``val/<source>/<metric>`` per data source, and the response statistics."""
+    out: dict[str, float] = {}
+    by_source = [(f"val/{src}", m.get("metrics", m)) for src, m in (results.get("by_source") or {}).items()]
+    for prefix, metrics in [("val", results["metrics"])] + by_source:
+        for k, v in metrics.items():
+            out[f"{prefix}/{k}"] = v["value"]
+            out[f"{prefix}/{k}_ci_low"], out[f"{prefix}/{k}_ci_high"] = v["ci"]
+    for k in ("truncated_frac", "no_answer_frac", "response_length_mean"):
+        if k in results:
+            out[f"val/{k}"] = results[k]
+    return out
+
+
 def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) -> dict[str, Any]:
     import functools
 
@@ -147,8 +163,10 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     from reasonrl.evaluation.metrics import per_problem_values, with_cis
     from reasonrl.evaluation.problems import merge_replicas
     from reasonrl.rewards import ScoreStats
+    from reasonrl.progress import Display
     from reasonrl.samples import generate_rollouts
     from reasonrl.stages.options import open_generation
+    from reasonrl.tracking import RunLog
 
     console = console or Console(stderr=True)
     loaded = load_problems(cfg.dataset, cfg.template)
@@ -166,7 +184,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     vote_stats = ScoreStats()
     try:
         params = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len, seed=cfg.seed)
-        with console.status(f"eval: {len(rows)} problems × {cfg.n} samples ({gen.engine.name})"):
+        with Display(console, quiet=cfg.quiet) as display:
+            display.status(f"eval {cfg.dataset}: {len(rows)} problems × {cfg.n} samples ({gen.engine.name})")
             groups, st = generate_rollouts(gen.engine, gen.tokenizer, gen.scorer, rows, params, max_prompt_len=cfg.max_prompt_len)
         if not groups:
             raise ReasonRLError(f"no problem fits max_prompt_len={cfg.max_prompt_len}: raise --max-prompt-len")
@@ -227,6 +246,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
                                     "extracted": s.extracted, "correct": s.correct, "finish_reason": s.finish_reason,
                                     "length": s.length, "response": s.response}) + "\n")
     write_json(out / "results.json", results)
+    with RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg)) as runlog:
+        runlog.log(0, val_metrics(results))
     write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)})
     table = Table(title=title or f"eval {cfg.dataset}: {len(groups)} problems × {cfg.n} samples ({len(flat)} responses) — {gen.model_dir}")
     table.add_column("metric")

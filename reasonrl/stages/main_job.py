@@ -2,8 +2,9 @@
 
 prepare-data (bundled arithmetic, integer answers) → pretrain-value (VC-PPO) → train --algo dapo →
 eval of the base and the trained policy on the held-out problems (with confidence intervals) →
-a few AIME samples, said plainly. Every stage reads the recipes in ``stages/`` (``*-cpu.toml``)
-and writes its artifacts under ``out/``; the same commands run one by one give the same result.
+a few AIME samples, said plainly → ``reasonrl report`` on it all (``out/report/report.html``).
+Every stage reads the recipes in ``stages/`` (``*-cpu.toml``) and writes its artifacts under
+``out/``; the same commands run one by one give the same result.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reasonrl.bundled import bundled
 from reasonrl.config import build_config, check, load_recipe, opt, recipe_layer
 from reasonrl.errors import ReasonRLError
-from reasonrl.bundled import bundled
+from reasonrl.stages.options import TrackOpts
 
 
 @dataclass
-class MainJobConfig:
+class MainJobConfig(TrackOpts):
     model: str = opt("default", "Policy: 'default' (embedded SmolLM2-135M-Instruct) or an HF model directory.")
     data: str = opt("", "Training data file (default: the bundled arithmetic set data/addition.jsonl).")
     out: str = opt("runs/main", "Directory for every stage's artifacts (data/, critic/, train/, eval_base/, eval_trained/, eval_aime/).")
@@ -32,6 +34,7 @@ class MainJobConfig:
     seed: int = opt(0, "Seed for every stage.")
 
     def __post_init__(self) -> None:
+        self._check_tracking()
         check(self.aime_problems >= 0, "aime_problems must be >= 0")
 
 
@@ -56,6 +59,7 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     from reasonrl.stages.eval import EvalConfig, run_eval
     from reasonrl.stages.prepare_data import PrepareConfig, print_report, run_prepare
     from reasonrl.stages.pretrain_value import PretrainValueConfig, run_pretrain_value
+    from reasonrl.stages.report import ReportConfig, run_report
     from reasonrl.stages.train import TrainConfig, run_train
 
     console = console or Console()
@@ -63,7 +67,7 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     out = Path(cfg.out)
     recipes = Path(cfg.recipes) if cfg.recipes else recipes_dir()
     data_file = cfg.data or str(bundled("addition.jsonl"))
-    common = {"model": cfg.model, "engine": cfg.engine, "seed": cfg.seed}
+    common = {"model": cfg.model, "engine": cfg.engine, "seed": cfg.seed, "quiet": cfg.quiet, "report_to": cfg.report_to}
     timings: dict[str, float] = {}
 
     def phase(name: str) -> None:
@@ -71,8 +75,9 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
         console.rule(f"[bold]{name}[/]  ({timings[name]:.0f} s)")
 
     phase("1/5 prepare-data")
-    prep = _stage_cfg(PrepareConfig, recipes, "prepare-data-cpu.toml", "prepare-data", inputs=[data_file], out=str(out / "data"), overwrite=True, seed=cfg.seed)
-    print_report(run_prepare(prep), console)
+    prep = _stage_cfg(PrepareConfig, recipes, "prepare-data-cpu.toml", "prepare-data", inputs=[data_file], out=str(out / "data"), overwrite=True, seed=cfg.seed,
+                      quiet=cfg.quiet)
+    print_report(run_prepare(prep, console=console), console)
 
     phase("2/5 pretrain-value (VC-PPO)")
     pv = _stage_cfg(PretrainValueConfig, recipes, "pretrain-value-cpu.toml", "pretrain-value", data=str(out / "data"), out=str(out / "critic"),
@@ -96,6 +101,8 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
         aime = run_eval(_stage_cfg(EvalConfig, recipes, "eval-aime-cpu.toml", "eval", out=str(out / "eval_aime"), dataset="aime",
                                    max_problems=cfg.aime_problems, **{**common, "model": str(out / "train" / "policy")}), console,
                         title="AIME (a few problems)")
+    phase("report")
+    report = run_report(ReportConfig(runs=[str(out)], out=str(out / "report"), title="reasonrl main job", quiet=cfg.quiet), console)
     total = time.perf_counter() - t0
     table = Table(title="main job: held-out accuracy, base vs trained (DAPO)")
     table.add_column("policy")
@@ -109,4 +116,5 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
         console.print(f"AIME: {aime['problems']} problems × {aime['n']} samples, avg@{aime['n']} = {100 * v['value']:.1f}%. "
                       "A 135M model scores about 0 on AIME; this only shows the pipeline runs there.")
     console.print(f"main job finished in {total / 60:.1f} min; artifacts under {out}/")
-    return {"base": base, "trained": trained, "aime": aime, "seconds": total, "timings": timings}
+    console.print(f"report: {report.html}")
+    return {"base": base, "trained": trained, "aime": aime, "seconds": total, "timings": timings, "report": str(report.html)}

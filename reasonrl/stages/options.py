@@ -1,5 +1,6 @@
-"""Options shared by the stages that generate (rollout, pretrain-value, train, eval), and the
-engine + tokenizer + scorer they open together."""
+"""Options shared by the stages that generate (rollout, pretrain-value, train, eval): the model
+and engine, sampling, what the console shows and where metrics go; and the engine + tokenizer +
+scorer they open together."""
 
 from __future__ import annotations
 
@@ -44,6 +45,22 @@ class SamplingOpts:
         check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
         check(self.max_response_len >= 1, "max_response_len must be >= 1")
         check(self.max_prompt_len >= 1, "max_prompt_len must be >= 1")
+
+
+@dataclass
+class ProgressOpts:
+    quiet: bool = opt(False, "No live progress bars (they are off anyway when the output is not a terminal); the summary lines stay.")
+
+
+@dataclass
+class TrackOpts(ProgressOpts):
+    report_to: list[str] = opt(["tensorboard"], "Experiment trackers that get the metrics besides metrics.jsonl: tensorboard (event files in the run directory), "
+                               "wandb, mlflow, trackio (optional extras: pip install 'reasonrl\\[wandb]'), or none; repeat the option or separate with commas.")
+
+    def _check_tracking(self) -> None:
+        from reasonrl.tracking import tracker_names
+
+        self.report_to = tracker_names(self.report_to) or ["none"]
 
 
 @dataclass

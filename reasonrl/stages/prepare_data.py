@@ -31,12 +31,14 @@ from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
 from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
 from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.errors import ReasonRLError
+from reasonrl.progress import Display, open_bar
+from reasonrl.stages.options import ProgressOpts
 
 MAX_BAD_ROWS_LISTED = 50
 
 
 @dataclass
-class PrepareConfig:
+class PrepareConfig(ProgressOpts):
     """Configuration of ``reasonrl prepare-data``."""
 
     inputs: list[str] = opt([], help="Math data to read: .jsonl/.json/.parquet files (verl RL parquet included), saved `datasets` directories, or directories of such files.")
@@ -202,15 +204,18 @@ def _verl_row(row: _Row, split: str, index: int, template: str) -> dict[str, Any
     }
 
 
-def run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dict[str, Any]:
-    if rewriter is None and cfg.rewriter:
-        from reasonrl.data.rewriter import ModelRewriter
+def run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None, console: Any = None) -> dict[str, Any]:
+    from rich.console import Console
 
-        with ModelRewriter(cfg.rewriter, engine=cfg.rewriter_engine, seed=cfg.seed) as rw:
-            report = _run_prepare(cfg, rewriter=rw)
-            report["rewriter_stats"] = rw.stats
-            return report
-    return _run_prepare(cfg, rewriter=rewriter)
+    with Display(console or Console(stderr=True), quiet=cfg.quiet):
+        if rewriter is None and cfg.rewriter:
+            from reasonrl.data.rewriter import ModelRewriter
+
+            with ModelRewriter(cfg.rewriter, engine=cfg.rewriter_engine, seed=cfg.seed) as rw:
+                report = _run_prepare(cfg, rewriter=rw)
+                report["rewriter_stats"] = rw.stats
+                return report
+        return _run_prepare(cfg, rewriter=rewriter)
 
 
 def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dict[str, Any]:
@@ -240,6 +245,7 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     dropped_samples: dict[str, list[str]] = {}
     kept: list[_Row] = []
     # rows_read counts every row met: readable records (n_read) and unreadable lines (in `bad`).
+    bar = open_bar("prepare-data: read + integerize", unit="rows")
     for _inp, f in files:
         if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
             break
@@ -247,6 +253,8 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
             if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
                 break
             n_read += 1
+            if bar is not None:
+                bar.advance()
             try:
                 fields = extract_fields(rec, problem_field=cfg.problem_field, answer_field=cfg.answer_field)
             except BadRow as e:
@@ -275,6 +283,8 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
             data_source = cfg.data_source or fields.data_source or Path(rec.source).stem
             kept.append(_Row(rec.source, rec.where, data_source, fields.problem, answer_text, result))
 
+    if bar is not None:
+        bar.close()
     rows_read = n_read + len(bad)
     if n_read == 0:
         where = ", ".join(str(f) for _, f in files)
@@ -290,7 +300,10 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     conflicting = 0
     contaminated: Counter = Counter()
     final: list[_Row] = []
+    bar = open_bar("prepare-data: dedupe + decontaminate", len(kept), unit="rows")
     for row in kept:
+        if bar is not None:
+            bar.advance()
         key = normalise_text(row.original_problem)
         copies[key] += 1
         if key in seen:
@@ -306,6 +319,8 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         final.append(row)
         final_keys.append(key)
     rows_per_problem = Counter(copies[key] for key in final_keys)  # rows per kept problem → problems
+    if bar is not None:
+        bar.close()
 
     for row in final:
         rules[row.item.rule] += 1

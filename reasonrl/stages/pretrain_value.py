@@ -18,11 +18,11 @@ import torch
 from reasonrl import algos as A
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.stages.options import ModelOpts, SamplingOpts
+from reasonrl.stages.options import ModelOpts, SamplingOpts, TrackOpts
 
 
 @dataclass
-class PretrainValueConfig(ModelOpts, SamplingOpts):
+class PretrainValueConfig(ModelOpts, SamplingOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/critic", "Output directory: critic/ (HF directory), metrics.jsonl, bias.json, manifest.json.")
     critic_init: str | None = opt(None, "Initialise the value model from this directory (e.g. a reward model); default: the policy's backbone.")
@@ -41,6 +41,7 @@ class PretrainValueConfig(ModelOpts, SamplingOpts):
     def __post_init__(self) -> None:
         self._check_model()
         self._check_sampling()
+        self._check_tracking()
         check(self.steps >= 0, "steps must be >= 0")
         check(self.temperature > 0, "temperature must be > 0: value pretraining samples the policy's responses (greedy would repeat one)")
         check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
@@ -73,11 +74,13 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from reasonrl.engines.registry import make_engine
     from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.models.value import new_value_model
+    from reasonrl.progress import Display, status
     from reasonrl.rewards import RewardScorer
+    from reasonrl.tracking import RunLog
     from reasonrl.train.backend import TorchBackend
     from reasonrl.train.collector import Collector, DataStream
     from reasonrl.train.learner import Learner
-    from reasonrl.train.metrics import append_jsonl, flatten_metrics, position_metrics, rollout_metrics
+    from reasonrl.train.metrics import flatten_metrics, position_metrics, rollout_metrics
 
     console = console or Console(stderr=True)
     rows = load_prepared(cfg.data, "train")
@@ -112,28 +115,40 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
                       max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=cfg.mini_batch_size,
                       ppo_epochs=1, dtype=dtype, seed=cfg.seed)
     history: list[dict[str, Any]] = []
+    display = Display(console, quiet=cfg.quiet)
+    bar = display.bar("pretrain-value", cfg.steps, unit="value steps")
+    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg))
     try:
-        with console.status("sampling the held-out batch"):
-            held_col = held.collect(min(cfg.eval_prompts, len(val_rows)), dynamic=False)
+        display.start()
+        status("held-out batch: generate + score")
+        held_col = held.collect(min(cfg.eval_prompts, len(val_rows)), dynamic=False)
+        status("held-out batch: values before pretraining")
         held_st = learner.prepare(held_col.groups)
         before = _picture(learner, held_st, cfg.group_size)
-        console.print(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts) | before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
+        display.print(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts) | before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
         for step in range(1, cfg.steps + 1):
+            status(f"value step {step}: generate + score")
             col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)
             if not col.groups:
+                bar.advance()
                 continue
+            status(f"value step {step}: values + update critic")
             st = learner.prepare(col.groups, step=step)
             learner.advantages(st, group_size=cfg.group_size)
             m = {"step": step, **rollout_metrics(col, st), **learner.update_critic(st)}
             critic_backend.scheduler_step()
             m.update(position_metrics(st))
             history.append(m)
-            append_jsonl(out / "metrics.jsonl", m)
-            console.print(f"value step {step}/{cfg.steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
+            runlog.append(m)  # metrics.jsonl, then the trackers
+            display.print(f"value step {step}/{cfg.steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
                           f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('rollout/acc_mean', 0):.3f}")
+            bar.advance()
+        status("held-out batch: values under the trained critic")
         held_st = learner.prepare(held_col.groups)  # values under the trained critic, same responses
         after = _picture(learner, held_st, cfg.group_size)
     finally:
+        display.stop()
+        runlog.close()
         scorer.close()
         engine.close()
     critic_backend.save_model(out / "critic", tok)

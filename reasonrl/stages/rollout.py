@@ -7,11 +7,11 @@ from typing import Any
 
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.stages.options import ModelOpts, SamplingOpts, open_generation
+from reasonrl.stages.options import ModelOpts, ProgressOpts, SamplingOpts, open_generation
 
 
 @dataclass
-class RolloutConfig(ModelOpts, SamplingOpts):
+class RolloutConfig(ModelOpts, SamplingOpts, ProgressOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     split: str = opt("train", "Which split to sample prompts from: train or validation.")
     num_prompts: int | None = opt(None, "Prompts to use (in a seeded order); all when omitted.")
@@ -32,6 +32,7 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
 
     from reasonrl.data import load_prepared
     from reasonrl.engines.base import SamplingParams
+    from reasonrl.progress import Display
     from reasonrl.samples import generate_rollouts, write_rollouts
 
     console = console or Console(stderr=True)
@@ -43,7 +44,8 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     gen = open_generation(cfg)
     try:
         params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len, seed=cfg.seed)
-        with console.status(f"generating {len(rows)} × {cfg.group_size} responses ({gen.engine.name})"):
+        with Display(console, quiet=cfg.quiet) as display:
+            display.status(f"rollout: {len(rows)} prompts × {cfg.group_size} responses ({gen.engine.name})")
             groups, st = generate_rollouts(gen.engine, gen.tokenizer, gen.scorer, rows, params, max_prompt_len=cfg.max_prompt_len)
     finally:
         gen.close()

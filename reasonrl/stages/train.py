@@ -22,14 +22,14 @@ from reasonrl.artifacts import read_manifest, write_json, write_manifest
 from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
-from reasonrl.stages.options import ModelOpts, SamplingOpts
+from reasonrl.stages.options import ModelOpts, SamplingOpts, TrackOpts
 from reasonrl.train.backend import TorchBackend
 
 BACKENDS = ("torch", "deepspeed")
 
 
 @dataclass
-class TrainConfig(ModelOpts, SamplingOpts):
+class TrainConfig(ModelOpts, SamplingOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in the README).")
@@ -64,6 +64,7 @@ class TrainConfig(ModelOpts, SamplingOpts):
     def __post_init__(self) -> None:
         self._check_model()
         self._check_sampling()
+        self._check_tracking()
         check(self.algo in A.ALGOS, f"unknown --algo '{self.algo}': choose one of {', '.join(A.ALGOS)}")
         check(self.steps >= 1, "steps must be >= 1")
         check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
@@ -155,12 +156,14 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
     from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
+    from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
+    from reasonrl.tracking import RunLog
     from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint, start_run
     from reasonrl.train.collector import Collector, DataStream
     from reasonrl.train.learner import Learner
     from reasonrl.train.ranks import Ranks
-    from reasonrl.train.metrics import append_jsonl, flatten_metrics, log_line
+    from reasonrl.train.metrics import flatten_metrics, log_line
     from reasonrl.train.step import train_step
 
     console = console or Console(stderr=True)
@@ -238,29 +241,27 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
     history: list[dict[str, Any]] = []
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TimeRemainingColumn(), console=console, disable=rank != 0, transient=True)
-    task = progress.add_task(f"--algo {cfg.algo}", total=cfg.steps, completed=start)
+    display = Display(console, quiet=cfg.quiet or rank != 0)
+    bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
+    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank)
     bad_steps = 0
     try:
-        progress.start()
+        display.start()
         for step in range(start + 1, cfg.steps + 1):
             m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                            on_short_batch=cfg.on_short_batch)
             bad_steps = bad_steps + 1 if m.get("actor/bad_step") else 0
             samples = m.pop("_samples", [])
             history.append(m)
-            progress.advance(task)
+            bar.advance()
             if rank == 0:
-                append_jsonl(out / "metrics.jsonl", m)
+                runlog.append(m)  # metrics.jsonl, then the trackers
                 if m.get("rollout/short_batch"):
                     done = "update skipped" if m.get("actor/skipped_update") else "trained on them"
-                    progress.console.print(f"[yellow]step {step}: dynamic sampling kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
+                    display.print(f"[yellow]step {step}: dynamic sampling kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
                                            f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
-                    progress.console.print(log_line(step, cfg.steps, m))
+                    display.print(log_line(step, cfg.steps, m))
                 if cfg.keep_rollouts:
                     from reasonrl.samples import write_rollouts
 
@@ -268,10 +269,12 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
             if bad_steps >= cfg.max_bad_steps:
                 raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
             if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps) and not bad_steps:
+                display.status("save checkpoint")
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
                                 data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last)
     finally:
-        progress.stop()
+        display.stop()
+        runlog.close()
         scorer.close()
         engine.close()
     if rank == 0:

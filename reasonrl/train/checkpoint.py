@@ -27,7 +27,8 @@ from reasonrl.artifacts import MANIFEST, write_json
 from reasonrl.errors import ReasonRLError
 
 #: What `reasonrl train` writes in its run directory (all an --overwrite may delete).
-RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "metrics.jsonl", "summary.json", "config.json", "tb", "wandb", "mlruns", MANIFEST)
+RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "metrics.jsonl", "summary.json", "config.json", "tensorboard", "wandb", "mlflow.db",
+               MANIFEST)
 #: Config keys a --resume may change: they do not change what the run computes.
 RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "keep_last", "resume", "overwrite", "report_to", "quiet", "max_bad_steps",
                      "keep_rollouts"}

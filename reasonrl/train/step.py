@@ -13,6 +13,7 @@ from typing import Any
 
 from reasonrl.errors import ReasonRLError
 from reasonrl.train.collector import Collector
+from reasonrl.progress import status
 from reasonrl.train.learner import Learner
 from reasonrl.train.metrics import position_metrics, rollout_metrics
 
@@ -30,6 +31,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
 
     # 1. Collect: rollout, reward (+ soft overlong punishment), dynamic sampling; all ranks as one
     #    step, each generating its share and training on an equal share of the kept groups.
+    status(f"step {step}: generate + score")
     col = collector.collect(prompts_per_step, step=step)
     if col.short and collector.spec.dynamic_sampling:
         m["rollout/short_batch"] = 1
@@ -47,6 +49,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         return m
 
     # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights.
+    status(f"step {step}: prepare (old log-probs, values)")
     t0 = time.perf_counter()
     st = learner.prepare(col.groups, step=step)
     m["perf/prepare_s"] = time.perf_counter() - t0
@@ -56,10 +59,12 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m.update(rollout_metrics(col, st, collector.ranks))
     # 4. Updates: the critic, then the policy.
     if learner.critic_backend is not None:
+        status(f"step {step}: update critic")
         t1 = time.perf_counter()
         m.update(learner.update_critic(st))
         learner.critic_backend.scheduler_step()
         m["perf/update_critic_s"] = time.perf_counter() - t1
+    status(f"step {step}: update actor")
     t1 = time.perf_counter()
     m.update(learner.update_policy(st))
     learner.policy_backend.scheduler_step()
@@ -75,6 +80,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(time.perf_counter() - t0, 1e-9)  # tokens through the policy update per second
 
     # 5. Sync: the new policy weights into the generation engine.
+    status(f"step {step}: sync weights")
     t0 = time.perf_counter()
     engine.update_weights(learner.policy_backend.full_state_dict())
     m["perf/weight_sync_s"] = time.perf_counter() - t0

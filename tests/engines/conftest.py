@@ -49,3 +49,23 @@ def _hf_logprobs(model, prompt: list[int], completion: list[int], *, temperature
 def hf_logprobs():
     """``hf_logprobs(model, prompt, completion, temperature=, top_k=, top_p=)`` → (T,) tensor."""
     return _hf_logprobs
+
+
+def _check_progress(engine, prompts: list[list[int]], n: int = 3, max_tokens: int = 10) -> None:
+    """The engine's progress callback hears every completion and every token, and changes nothing:
+    seeded generation gives the same tokens with and without it."""
+    from reasonrl.engines.base import SamplingParams
+
+    p = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, seed=5)
+    plain = engine.generate(prompts, p)
+    heard: list[tuple[int, int]] = []
+    shown = engine.generate(prompts, p, progress=lambda c, t: heard.append((c, t)))
+    assert [[c.token_ids for c in g] for g in shown] == [[c.token_ids for c in g] for g in plain]
+    assert heard and all(c > 0 for c, _ in heard)
+    assert sum(c for c, _ in heard) == len(prompts) * n
+    assert sum(t for _, t in heard) == sum(len(c.token_ids) for g in shown for c in g)
+
+
+@pytest.fixture(scope="session")
+def check_progress():
+    return _check_progress

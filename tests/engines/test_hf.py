@@ -46,6 +46,10 @@ def test_seed_reproducible_and_seeds_differ(hf: HFEngine, prompts) -> None:
     assert [x.token_ids for g in a for x in g] != [x.token_ids for g in c for x in g]
 
 
+def test_progress_callback_hears_everything_and_changes_nothing(tiny_dir, prompts, check_progress) -> None:
+    check_progress(HFEngine(str(tiny_dir), dtype="fp32", batch_size=4), prompts)  # 9 rows: 3 batches, 3 calls
+
+
 def test_finish_reasons_length_and_forced_stop(hf: HFEngine, prompts) -> None:
     greedy = hf.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
     for g in greedy:

@@ -79,6 +79,10 @@ def test_seed_reproducible_and_seeds_differ(engine, prompts) -> None:
     assert ids(a) != ids(c)
 
 
+def test_progress_callback_hears_everything_and_changes_nothing(engine, prompts, check_progress) -> None:
+    check_progress(engine, prompts)  # through vLLM's own use_tqdm hook, in the same single call
+
+
 def test_greedy_matches_transformers_fp32(engine, hf, prompts) -> None:
     p = SamplingParams(temperature=0, max_tokens=24)
     v = engine.generate(prompts, p)

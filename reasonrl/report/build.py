@@ -1,0 +1,79 @@
+"""Write the report: one PNG per figure and one self-contained ``report.html`` (figures embedded
+as data URIs, inline CSS, no script, no network)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reasonrl.progress import open_bar
+from reasonrl.report.figures import FIGURES, problems
+from reasonrl.report.runs import Run, collect_runs
+
+
+@dataclass
+class Report:
+    out: Path
+    html: Path
+    runs: list[Run]
+    figures: list[Path] = field(default_factory=list)  # PNGs written, in order
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # figure name → why it was not drawn
+    notes: dict[str, list[str]] = field(default_factory=dict)  # figure name → what is missing from it
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
+img{max-width:100%;border:1px solid #eee}.note{color:#8a5300;font-size:.85em}.cap{color:#444}"""
+
+
+def build_report(paths: list[str | Path], out: str | Path, *, smooth: int = 0, title: str = "reasonrl report") -> Report:
+    """Read the runs under ``paths``, draw every figure the runs have data for, write the PNGs and
+    ``report.html`` into ``out``."""
+    runs, passed_over = collect_runs(paths)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rep = Report(out=out, html=out / "report.html", runs=runs)
+    sections: list[str] = []
+    bar = open_bar("report: figures", len(FIGURES), unit="figures")
+    for spec in FIGURES:
+        (out / f"{spec.name}.png").unlink(missing_ok=True)  # never leave a figure of an earlier report
+        if bar is not None:
+            bar.advance()
+        drawn = spec.draw(runs, smooth)
+        notes = list(dict.fromkeys(drawn.notes))
+        body = f"<p class='cap'>{html.escape(spec.caption)}</p>"
+        if drawn.fig is None:
+            rep.skipped[spec.name] = notes or ["no run has the data for it"]
+            body += f"<p class='note'>Not drawn: {html.escape('; '.join(rep.skipped[spec.name]))}.</p>"
+        else:
+            png = out / f"{spec.name}.png"
+            drawn.fig.savefig(png)
+            rep.figures.append(png)
+            uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+            body += f"<img src='{uri}' alt='{html.escape(spec.title)}'>"
+            if notes:
+                rep.notes[spec.name] = notes
+                body += "<p class='note'>Missing: " + html.escape("; ".join(notes)) + ".</p>"
+        sections.append(f"<h2 id='{spec.name}'>{html.escape(spec.title)}</h2>{body}")
+    rows = "".join(f"<tr><td>{html.escape(r.label)}</td><td>{r.stage}</td><td>{_size(r)}</td><td>{html.escape(str(r.path))}</td>"
+                   f"<td class='note'>{html.escape('; '.join(r.notes))}</td></tr>" for r in runs)
+    smooth_note = f"Curves are smoothed with a trailing mean over {smooth} steps, drawn over the raw values." if smooth > 1 else "Curves show the raw logged values (no smoothing)."
+    extra = "".join(f"<li>{html.escape(s)}</li>" for s in passed_over)
+    doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+           f"<h1>{html.escape(title)}</h1><p>{time.strftime('%Y-%m-%d %H:%M')} · {len(rep.figures)} figures · {smooth_note} "
+           f"Steps on x; a metric a run did not log is left out and named below its figure.</p>"
+           f"<table><tr><th>run</th><th>stage</th><th>logged</th><th>path</th><th>notes</th></tr>{rows}</table>"
+           + (f"<p class='note'>Passed over:</p><ul class='note'>{extra}</ul>" if extra else "")
+           + "".join(sections) + "</body></html>")
+    rep.html.write_text(doc, encoding="utf-8")
+    return rep
+
+
+def _size(r: Run) -> str:
+    if r.stage == "eval":
+        return problems(r) if r.results else "-"
+    return f"{len(r.metrics)} steps"

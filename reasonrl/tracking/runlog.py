@@ -1,0 +1,59 @@
+"""A run's metric log: ``metrics.jsonl`` (the ground truth) and the trackers, written together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from reasonrl.tracking.base import Tracker, make_trackers, scalars
+
+
+class RunLog:
+    """One call per finished step: :meth:`append` writes the step's line to ``metrics.jsonl``, then
+    the same metrics (same names, vectors as per-bin scalars) to every tracker. One place, in that
+    order: a tracker never holds a step that ``metrics.jsonl`` lacks (a crash between the two
+    leaves the trackers one step behind, never ahead), and no step is logged twice. Only rank 0
+    opens trackers or writes; other ranks get an inert log.
+
+    Args:
+        run_dir: the run directory (``metrics.jsonl`` and the trackers' files go there).
+        report_to: ``--report-to`` names (checked by ``reasonrl.tracking.tracker_names``).
+        name: the run's display name in the trackers.
+        config: the stage's config, logged once by each tracker.
+        start_step: the checkpoint's step when resuming (the next step appended must be later).
+        rank: the process's rank.
+    """
+
+    def __init__(self, run_dir: str | Path, report_to: list[str], *, name: str, config: dict[str, Any], start_step: int = 0, rank: int = 0) -> None:
+        self.run_dir, self.rank, self.last_step = Path(run_dir), rank, start_step
+        self.trackers: list[Tracker] = make_trackers(report_to, self.run_dir, name=name, config=config, start_step=start_step) if rank == 0 else []
+
+    def append(self, m: dict[str, Any]) -> None:
+        """Record a finished step (``m["step"]``) in metrics.jsonl, then in the trackers."""
+        from reasonrl.train.metrics import append_jsonl
+
+        if self.rank != 0:
+            return
+        step = int(m["step"])
+        if step <= self.last_step:
+            raise RuntimeError(f"step {step} logged after step {self.last_step}: every step is logged once, in order")
+        self.last_step = step
+        append_jsonl(self.run_dir / "metrics.jsonl", m)
+        self.log(step, m)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """To the trackers only (evaluation: its ground truth is results.json)."""
+        flat = scalars(metrics)
+        for t in self.trackers:
+            t.log(step, flat)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+        self.trackers = []
+
+    def __enter__(self) -> "RunLog":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
