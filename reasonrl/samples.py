@@ -101,11 +101,13 @@ def generate_rollouts(
         texts.append(text)
         ids.append(tok_ids)
         kept.append(i)
-    if not kept:
-        return [], stats
     t0 = time.perf_counter()
+    # Called even with no prompt left: with --engine-tp N, generate is collective over the N ranks of
+    # an engine group (each brings its prompts, the group generates their union).
     outs = engine.generate(ids, params)
     stats.gen_seconds = time.perf_counter() - t0
+    if not kept:
+        return [], stats
     groups: list[list[Sample]] = []
     flat: list[Sample] = []
     for g, (i, text, p_ids, comps) in enumerate(zip(kept, texts, ids, outs)):
