@@ -40,9 +40,10 @@ consecutive ranks N by N (ranks 0..N-1 hold one engine split over their GPUs, N.
 communicator between groups), and the ranks of a group must submit identical requests, in the same
 order, with per-request seeds. The trainer gives each rank its own prompts, so ``generate`` is
 collective over the group: the ranks exchange their prompts (a gloo group per engine), the group
-generates their union in rank order, each rank keeps its own slice. Seeds are derived from the
-request's seed, or, for unseeded requests, from the group's seed and a call counter, and a prompt's
-seed depends only on its place in the union: the same tokens as one process generating the union.
+generates their union in rank order, each rank keeps its own slice. Each prompt keeps its own seed
+(``SamplingParams.seeds``, as the trainer's collector gives them); else seeds are derived from the
+request's seed by place in the union, or, for unseeded requests, from the group's seed and a call
+counter: the same tokens as one process generating the union.
 Weight updates: every rank passes the full weights, and vLLM's loader keeps each rank's slice. In
 a single process, ``tensor_parallel_size`` > 1 is vLLM's own multi-worker executor (GPUs).
 
@@ -67,7 +68,7 @@ import os
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, derived_seed, eos_token_ids, model_config
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, eos_token_ids, model_config, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
@@ -244,15 +245,18 @@ class VLLMEngine:
         mine = [[int(t) for t in p] for p in prompts]
         parts: list[Any] = [None] * self.tp
         dist.all_gather_object(parts, (mine, params), group=self._group)
-        if any(p != params for _, p in parts):
+        if any(dataclasses.replace(p, seeds=None) != dataclasses.replace(params, seeds=None) for _, p in parts):
             raise ReasonRLError("the ranks of one vLLM engine group (--engine-tp) asked for different sampling parameters: "
                                 "every rank of a group must sample alike")
         self._calls += 1
-        # Unseeded requests still need a seed the whole group agrees on: the group's seed and call count.
-        seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self._calls * 7919) % (2**62)
         union = [p for ps, _ in parts for p in ps]
+        if all(p.seeds is not None for _, p in parts):  # each prompt's own seed, whichever rank brought it
+            group_params = dataclasses.replace(params, seeds=tuple(s for _, p in parts for s in p.seeds))
+        else:  # seeds derived over the union; unseeded requests get the group's seed and call count
+            seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self._calls * 7919) % (2**62)
+            group_params = dataclasses.replace(params, seed=seed, seeds=None)
         start = sum(len(ps) for ps, _ in parts[: self._group_rank])
-        out = self._generate(union, dataclasses.replace(params, seed=seed))[start : start + len(mine)]
+        out = self._generate(union, group_params)[start : start + len(mine)]
         n_tok = sum(len(c.token_ids) for g in out for c in g)
         self.last_stats = GenerationStats(len(mine), sum(len(g) for g in out), n_tok, time.perf_counter() - t0, {"group_prompts": len(union)})
         return out
@@ -271,10 +275,11 @@ class VLLMEngine:
                                 "lower --max-prompt-len (longer prompts are skipped) or raise the model length")
         inputs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
         sp: Any
-        if params.seed is None:
+        seeds = prompt_seeds(params, len(prompts))
+        if seeds[0] is None:
             sp = self._sampling(params, None)
         else:
-            sp = [self._sampling(params, derived_seed(params.seed, i, params.n)) for i in range(len(prompts))]
+            sp = [self._sampling(params, s) for s in seeds]
         # One call for all prompts: vLLM's scheduler batches every sequence (continuous batching).
         outs = self.llm.generate(inputs, sp, use_tqdm=False)
         if self.sleep_mode:  # give the GPU memory back to the trainer until the next sync / generation

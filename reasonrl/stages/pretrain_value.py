@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,14 +82,9 @@ def held_out_rows(data: str, n: int) -> tuple[list[dict[str, Any]], bool]:
     return (val[:n], False) if val else (load_prepared(data, "train")[:n], True)
 
 
-def _gather_groups(groups: list[Any], world: int) -> list[Any]:
-    """Every rank's groups on every rank, in the global draw's order (the Collector gives rank r the
-    draw's rows r, r + world, ...)."""
-    if world == 1:
-        return groups
-    parts: list[Any] = [None] * world
-    torch.distributed.all_gather_object(parts, groups)
-    return [p[i] for i in range(max(map(len, parts))) for p in parts if i < len(p)]
+def _all_groups(groups: list[Any], ranks: Any) -> list[Any]:
+    """Every rank's share of the kept groups, on every rank, in draw order (padding copies left out)."""
+    return sorted((g for part in ranks.gather(groups) for g in part if not g[0].pad), key=lambda g: g[0].group)
 
 
 def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
@@ -120,7 +114,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from reasonrl.train.collector import Collector, DataStream
     from reasonrl.train.learner import Learner
     from reasonrl.train.metrics import append_jsonl, flatten_metrics, position_metrics, rollout_metrics
-    from reasonrl.train.step import agree_on_batch
+    from reasonrl.train.ranks import Ranks
 
     console = console or Console(stderr=True)
     rows = load_prepared(cfg.data, "train")
@@ -130,8 +124,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     policy_dir = resolve_policy(cfg.model)
     init_dir = Path(cfg.critic_init) if cfg.critic_init else policy_dir
     rank, world = start_ranks(cfg)
-    if len(held_rows) < world:
-        raise ReasonRLError(f"the held-out batch has {len(held_rows)} prompts for {world} processes: raise --eval-prompts (or the validation split) to at least {world}")
+    ranks = Ranks(rank, world)
     out = Path(cfg.out)
     if rank == 0:
         prepare_out_dir(out, overwrite=cfg.overwrite)
@@ -147,33 +140,32 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     engine = make_engine(cfg, str(policy_dir), seed=cfg.seed + rank, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     scorer = RewardScorer()
     sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
-    mk = lambda rows_, world_: Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(rows_, cfg.seed),  # noqa: E731
-                                         sampling=sampling, max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0, rank=rank % world_, world=world_)
-    collector, held = mk(rows, world), mk(held_rows[rank::world], 1)
+    mk = lambda rows_: Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(rows_, cfg.seed),  # noqa: E731
+                                 sampling=sampling, max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0, seed=cfg.seed, ranks=ranks)
+    collector, held = mk(rows), mk(held_rows)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     learner = Learner(spec=spec, policy=None, policy_backend=None, critic_backend=critic_backend, ref_model=None,
                       sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
                       max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
-                      ppo_epochs=1, dtype=dtype, seed=cfg.seed, rank=rank, world=world)
+                      ppo_epochs=1, dtype=dtype, seed=cfg.seed, ranks=ranks)
     say = console.print if rank == 0 else (lambda *a, **k: None)
     label = "in-sample: no validation split, drawn from the training rows" if in_sample else "held-out: the validation split"
     history: list[dict[str, Any]] = []
     try:
         with console.status("sampling the held-out batch") if rank == 0 else contextlib.nullcontext():
-            held_groups = _gather_groups(held.collect(len(held_rows[rank::world]), dynamic=False).groups, world)
+            held_groups = _all_groups(held.collect(len(held_rows), step=0, dynamic=False).groups, ranks)  # (training steps are 1..N)
         held_st = learner.prepare(held_groups)
         before = _picture(learner, held_st, cfg.group_size)
         say(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts, backend {cfg.backend} ×{world}) | bias picture {label} | "
             f"before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
         for step in range(1, cfg.steps + 1):
-            col = collector.collect(math.ceil(cfg.prompts_per_step / world), dynamic=False)
-            agree_on_batch(col, world)  # every rank makes the same number of updates (ZeRO)
+            col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
             if not col.groups:
                 continue
-            st = learner.prepare(col.groups)
+            st = learner.prepare(col.groups, step=step)
             learner.advantages(st, group_size=cfg.group_size)
-            # rollout/ and the by-position metrics: this rank's share; critic/ update metrics: global
-            m = {"step": step, **rollout_metrics(col, None), **learner.update_critic(st)}
+            # rollout/ and critic/ update metrics are global; the by-position picture is this rank's share
+            m = {"step": step, **rollout_metrics(col, None, ranks), **learner.update_critic(st)}
             critic_backend.scheduler_step()
             m.update(position_metrics(st))
             history.append(m)

@@ -59,10 +59,11 @@ def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, worl
     from reasonrl.train.learner import Learner
 
     from reasonrl.algos import Sampling
+    from reasonrl.train.ranks import Ranks
 
     return Learner(spec=get_algo("grpo"), policy=model, policy_backend=backend, critic_backend=None, ref_model=None, sampling=Sampling(),
                    pad_id=tok.pad_token_id,
-                   max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, rank=rank, world=world)
+                   max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, ranks=Ranks(rank, world))
 
 
 def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:
@@ -88,6 +89,7 @@ def run_value(model_dir: Path, kind: str, zero: int, steps: int) -> dict[str, An
     from reasonrl.models.value import new_value_model
     from reasonrl.stages.pretrain_value import value_spec
     from reasonrl.train.learner import Learner
+    from reasonrl.train.ranks import Ranks
 
     rank, world = ranks(kind)
     tok = load_tokenizer(model_dir)
@@ -95,7 +97,7 @@ def run_value(model_dir: Path, kind: str, zero: int, steps: int) -> dict[str, An
     backend = make_backend(kind, new_value_model(model_dir, seed=0), zero, False)
     learner = Learner(spec=value_spec(0.95), policy=None, policy_backend=None, critic_backend=backend, ref_model=None, sampling=Sampling(),
                       pad_id=tok.pad_token_id, max_len=16, micro_batch_size=MICRO, mini_batch_size=len(groups) * GROUP_SIZE, ppo_epochs=1,
-                      dtype="fp32", seed=0, rank=rank, world=world)
+                      dtype="fp32", seed=0, ranks=Ranks(rank, world))
     metrics = []
     for _ in range(steps):
         st = learner.prepare(groups)

@@ -224,19 +224,41 @@ def test_cli_train_zero3_torchrun_resume(format_model, toy_data, tmp_path):
     _check_policy(out, format_model)
 
 
-def test_cli_pretrain_value_zero3_torchrun(format_model, toy_data, tmp_path):
-    out = tmp_path / "critic"
-    p = _launch(2, ["-m", "reasonrl.cli", "pretrain-value", "--backend", "deepspeed", "--zero", "3", "--model", str(format_model),
-                    "--data", str(toy_data / "train.parquet"), "--out", str(out), "--engine", "hf", "--dtype", "fp32", "--steps", "2",
-                    "--prompts-per-step", "2", "--group-size", "4", "--max-prompt-len", "64", "--max-response-len", "12",
-                    "--mini-batch-size", "8", "--micro-batch-size", "4", "--eval-prompts", "2", "--gen-batch-size", "8"])
-    assert "in-sample" in p.stderr  # a parquet file has no validation split: the picture says so
-    bias = json.loads((out / "bias.json").read_text())
-    assert bias["held_out"] == "in-sample" and bias["held_out_prompts"] == 2 and bias["held_out_responses"] == 8
-    assert [r["step"] for r in _metrics(out)] == [1, 2]  # written once (rank 0)
-    assert json.loads((out / "manifest.json").read_text())["world_size"] == 2
-    from reasonrl.models.value import load_value_model, new_value_model
+def _pretrain_value_args(model: Path, data: Path, out: Path) -> list[str]:
+    return ["-m", "reasonrl.cli", "pretrain-value", "--model", str(model), "--data", str(data), "--out", str(out), "--engine", "hf",
+            "--dtype", "fp32", "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--max-prompt-len", "64",
+            "--max-response-len", "12", "--mini-batch-size", "8", "--micro-batch-size", "4", "--critic-lr", "1e-3", "--eval-prompts", "3",
+            "--gen-batch-size", "8"]
 
-    sd, init = load_value_model(out / "critic").state_dict(), new_value_model(format_model, seed=0).state_dict()
-    assert sorted(sd) == sorted(init) and all(sd[k].shape == init[k].shape for k in init)  # whole tensors, not ZeRO-3 shards
-    assert max(float((sd[k] - init[k]).abs().max()) for k in init) > 1e-6  # trained
+
+def test_cli_pretrain_value_zero3_torchrun_matches_one_process(format_model, toy_data, tmp_path):
+    """The whole stage: 2 ranks (ZeRO-3) sample the same responses as one process (seeds follow the
+    draw), so the bias picture before training is the same, and after 2 steps of updates it and
+    the step metrics still match; rank 0 writes everything once. A parquet file has no validation
+    split: the picture says in-sample."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    data = toy_data / "train.parquet"
+    _run([sys.executable] + _pretrain_value_args(format_model, data, one))
+    p = _launch(2, _pretrain_value_args(format_model, data, two) + ["--backend", "deepspeed", "--zero", "3"])
+    assert "in-sample" in p.stderr
+    b1, b2 = (json.loads((d / "bias.json").read_text()) for d in (one, two))
+    assert b2["held_out"] == "in-sample" and b2["held_out_prompts"] == 3 and b2["held_out_responses"] == 12  # 3 prompts over 2 ranks
+    for when in ("before", "after"):
+        for k in ("value_loss", "value_mean", "advantage_mean", "explained_variance"):
+            assert _close(b1[when][k], b2[when][k], rel=1e-4, abs_=1e-5), (when, k, b1[when][k], b2[when][k])
+        assert b1[when]["value_by_position"] == pytest.approx(b2[when]["value_by_position"], rel=1e-4, abs=1e-5)
+    assert abs(b1["after"]["value_loss"] - b1["before"]["value_loss"]) > 1e-3  # training moved the picture
+    m1, m2 = _metrics(one), _metrics(two)
+    assert [r["step"] for r in m2] == [1, 2]  # written once (rank 0)
+    for r1, r2 in zip(m1, m2):
+        for k in ("rollout/reward_mean", "rollout/response_length_mean", "rollout/batch_size", "rollout/gen_tokens"):
+            assert r1[k] == pytest.approx(r2[k]), k  # global metrics, the same responses
+        for k in ("critic/vf_loss", "critic/grad_norm"):
+            assert _close(r1[k], r2[k], rel=1e-4, abs_=1e-6), (k, r1[k], r2[k])
+    assert json.loads((two / "manifest.json").read_text())["world_size"] == 2
+    from reasonrl.models.value import load_value_model
+
+    c1, c2 = load_value_model(one / "critic").state_dict(), load_value_model(two / "critic").state_dict()
+    assert sorted(c1) == sorted(c2)
+    for k in c1:  # the consolidated ZeRO-3 critic: whole tensors, the same weights
+        assert c1[k].shape == c2[k].shape and (c1[k] - c2[k]).abs().max() <= 5e-5, k
