@@ -76,6 +76,7 @@ class BackendOpts:
     backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
+    gradient_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward pass (transformers' gradient checkpointing): a sequence then keeps one hidden state per layer instead of every intermediate, which long responses on big models need (see stages/*-qwen32b.toml); costs about one more forward.")
 
     def _check_backend(self, mini_batch_size: int, micro_batch_size: int) -> None:
         check(self.backend in BACKENDS, f"backend must be one of {BACKENDS}, got '{self.backend}'")
@@ -99,6 +100,8 @@ def make_backend(cfg: Any, model: Any, lr: float, dtype: str) -> Any:
     """The backend ``cfg.backend`` names for ``model`` (``cfg``: BackendOpts plus the optimiser's
     ``weight_decay``, ``grad_clip``, ``warmup_steps`` and ``micro_batch_size``)."""
     common = dict(lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.backend == "deepspeed":
         from reasonrl.train.ds_backend import DeepSpeedBackend
 
