@@ -108,7 +108,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from reasonrl.devices import default_device, resolve_dtype
     from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
-    from reasonrl.models.loading import load_tokenizer, resolve_policy
+    from reasonrl.models.loading import check_weights, load_tokenizer
     from reasonrl.models.value import new_value_model
     from reasonrl.rewards import RewardScorer
     from reasonrl.train.collector import Collector, DataStream
@@ -121,8 +121,8 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     if not rows:
         raise ReasonRLError(f"{cfg.data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
     held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
-    policy_dir = resolve_policy(cfg.model)
-    init_dir = Path(cfg.critic_init) if cfg.critic_init else policy_dir
+    policy_dir = cfg.policy_dir()
+    init_dir = check_weights(cfg.critic_init, cfg.allow_pickle) if cfg.critic_init else policy_dir
     rank, world = start_ranks(cfg)
     ranks = Ranks(rank, world)
     out = Path(cfg.out)

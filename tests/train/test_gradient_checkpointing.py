@@ -7,8 +7,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import torch
-
 
 def test_gradient_checkpointing_gives_the_same_update(tiny_model) -> None:
     from reasonrl.models.loading import load_causal_lm, load_tokenizer
