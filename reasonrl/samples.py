@@ -111,14 +111,16 @@ def generate_rollouts(
         texts.append(text)
         ids.append(tok_ids)
         kept.append(i)
-    if not kept:
-        return [], stats
     if params.seeds is not None and len(kept) < len(rows):
         params = dataclasses.replace(params, seeds=tuple(params.seeds[i] for i in kept))
     t0 = time.perf_counter()
+    # Called even with no prompt left: with --engine-tp N, generate is collective over the N ranks of
+    # an engine group (each brings its prompts, the group generates their union).
     with phase("generate", len(ids) * params.n, unit=f"responses ({len(ids)} prompts × {params.n})", display=display) as bar:
         outs = engine.generate(ids, params) if bar is None else engine.generate(ids, params, progress=bar.generated)
     stats.gen_seconds = time.perf_counter() - t0
+    if not kept:
+        return [], stats
     groups: list[list[Sample]] = []
     flat: list[Sample] = []
     for g, (i, text, p_ids, comps) in enumerate(zip(kept, texts, ids, outs)):

@@ -82,11 +82,17 @@ class GenerationEngine(Protocol):
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         """``len(prompts)`` lists of ``params.n`` completions each; ``progress`` (optional) hears
-        about completions as they finish."""
+        about completions as they finish.
+
+        With ``--engine-tp N`` inside a torchrun job, this is collective over the N ranks of an engine
+        group: each calls it the same number of times (with no prompts, when it has none).
+        """
         ...
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
-        """Load new policy weights in memory (same names as the HF causal LM's state dict)."""
+        """Load new policy weights in memory (same names as the HF causal LM's state dict).
+
+        Called on every rank of a multi-process trainer, with the full weights on each."""
         ...
 
     def close(self) -> None: ...
@@ -100,15 +106,18 @@ class EngineOptions:
     non-default value of an option the chosen engine does not read is an error, never ignored.
     """
 
-    engine: str = opt("auto", "Generation engine: 'vllm', 'hf' (transformers), 'auto' (vLLM when installed), or a vLLM server URL (http://HOST:PORT).")
+    engine: str = opt("auto", "Generation engine: 'vllm', 'hf' (transformers), 'auto' (vLLM when installed), or vLLM server URLs (http://HOST:PORT[,http://HOST2:PORT]: prompts spread over them; training pushes the weights to each, see the README's Scale section).")
     dtype: str = opt("auto", "Compute dtype: 'auto' (bf16 where the hardware computes in it, else fp32), 'bf16', 'fp16' or 'fp32'.")
     gen_batch_size: int = opt(64, "hf engine: rows (prompt × sample) decoded together (memory vs speed).")
     kv_cache_gib: float | None = opt(None, "vllm engine on CPU: KV cache size in GiB (default 2, or $VLLM_CPU_KVCACHE_SPACE).")
-    gpu_memory_utilization: float | None = opt(None, "vllm engine on GPU: share of GPU memory vLLM may take (default 0.5: the trainer shares the GPU).")
+    gpu_memory_utilization: float | None = opt(None, "vllm engine on GPU: share of GPU memory vLLM may take (default 0.5: the trainer shares the GPU; with --engine-sleep it is freed while the trainer works).")
     max_num_seqs: int | None = opt(None, "vllm engine: most sequences decoded at once (vLLM's default when unset).")
     enforce_eager: bool | None = opt(None, "vllm engine: no CUDA graphs / torch.compile (default: on for CPU, off for GPU).")
     prefix_caching: bool = opt(True, "vllm engine: share the KV blocks of a prompt among its samples (reset after each weight sync).")
-    max_concurrency: int = opt(32, "server engine: requests in flight at once.")
+    max_concurrency: int = opt(32, "server engine: requests in flight at once, per server.")
+    engine_tp: int = opt(1, "vllm engine: tensor-parallel size N. Under torchrun, consecutive ranks form engine groups of N (one vLLM engine split over their N GPUs through vLLM's external_launcher; N must divide the processes per node); each group generates the union of its ranks' prompts and each rank keeps its own. In one process, vLLM starts N workers itself (GPUs).")
+    engine_sleep: bool = opt(False, "vllm engine on GPU: vLLM sleep mode, so that the trainer gets the engine's GPU memory back: after each generation the weights go to CPU memory and the KV cache is dropped (sleep level 1); they come back for the weight sync and the next generation. Not on CPU (vLLM supports it on CUDA/ROCm/XPU only).")
+    weight_sync_address: str | None = opt(None, "server engine, training: the address of this (rank-0) host the servers connect to for the NCCL weight transfer (default: this host's address on the route to the first server).")
 
     def _check_engine(self) -> None:
         from reasonrl.devices import DTYPE_NAMES
@@ -119,6 +128,7 @@ class EngineOptions:
         check(self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
         check(self.max_num_seqs is None or self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
         check(self.max_concurrency >= 1, "max_concurrency must be >= 1")
+        check(self.engine_tp >= 1, "engine_tp must be >= 1")
 
 
 # ------------------------------------------------------------------------------------------------

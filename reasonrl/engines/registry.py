@@ -34,10 +34,12 @@ ENGINES: dict[str, EngineEntry] = {
                       "transformers, in this process", takes_max_model_len=False),
     "vllm": EngineEntry("reasonrl.engines.vllm_engine:VLLMEngine",
                         {"dtype": "dtype", "kv_cache_gib": "kv_cache_gib", "gpu_memory_utilization": "gpu_memory_utilization",
-                         "max_num_seqs": "max_num_seqs", "enforce_eager": "enforce_eager", "prefix_caching": "enable_prefix_caching"},
+                         "max_num_seqs": "max_num_seqs", "enforce_eager": "enforce_eager", "prefix_caching": "enable_prefix_caching",
+                         "engine_tp": "tensor_parallel_size", "engine_sleep": "enable_sleep_mode"},
                         "vLLM, in this process", install_hint="run `bash scripts/install.sh` or use --engine hf"),
-    "server": EngineEntry("reasonrl.engines.server:ServerEngine", {"max_concurrency": "max_concurrency"},
-                          "a running `vllm serve` (--engine http://HOST:PORT)", takes_max_model_len=False),
+    "server": EngineEntry("reasonrl.engines.server:ServerEngine",
+                          {"max_concurrency": "max_concurrency", "dtype": "dtype", "weight_sync_address": "weight_sync_address"},
+                          "running `vllm serve` processes (--engine http://HOST:PORT[,http://HOST2:PORT])", takes_max_model_len=False),
 }
 """name → engine. ``auto`` is vllm when it imports, else hf; a URL is the server engine."""
 

@@ -35,6 +35,24 @@ Inside a multi-process trainer (torch.distributed initialised, world > 1, e.g. D
 runs its own engine on the existing process group (vLLM's ``external_launcher`` mode); ``close``
 leaves that group alone.
 
+Tensor parallel (``tensor_parallel_size`` = ``--engine-tp N``) inside such a job: vLLM groups
+consecutive ranks N by N (ranks 0..N-1 hold one engine split over their GPUs, N..2N-1 the next; no
+communicator between groups), and the ranks of a group must submit identical requests, in the same
+order, with per-request seeds. The trainer gives each rank its own prompts, so ``generate`` is
+collective over the group: the ranks exchange their prompts (a gloo group per engine), the group
+generates their union in rank order, each rank keeps its own slice. Each prompt keeps its own seed
+(``SamplingParams.seeds``, as the trainer's collector gives them); else seeds are derived from the
+request's seed by place in the union, or, for unseeded requests, from the group's seed and a call
+counter: the same tokens as one process generating the union.
+Weight updates: every rank passes the full weights, and vLLM's loader keeps each rank's slice. In
+a single process, ``tensor_parallel_size`` > 1 is vLLM's own multi-worker executor (GPUs).
+
+Sleep mode (``enable_sleep_mode``, ``--engine-sleep``, GPUs only): after each generation the engine
+sleeps at level 1 (weights copied to CPU memory, KV cache dropped: its GPU memory goes back to the
+trainer); ``update_weights`` wakes the weights before loading, and the next ``generate`` wakes the
+KV cache. Level 1 rather than 2 because a step that makes no update (nothing kept) must still find
+the weights it generated with.
+
 In-process side effects of vLLM are undone after construction: torch's global RNG state is
 restored and ``torch.set_num_threads`` (which vLLM's CPU worker replaces by a no-op) put back.
 Unseeded sampling then draws from torch's global generator of this process.
@@ -43,6 +61,7 @@ Unseeded sampling then draws from torch's global generator of this process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import functools
@@ -79,6 +98,8 @@ class VLLMEngine:
         max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool | None = None,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
     ) -> None:
         from reasonrl.devices import vllm_dtype
 
@@ -106,6 +127,14 @@ class VLLMEngine:
         self.max_model_len = max_model_len
 
         on_gpu = torch.cuda.is_available()
+        if enable_sleep_mode and not on_gpu:
+            raise ReasonRLError("--engine-sleep needs GPUs: vLLM's sleep mode frees the engine's GPU memory and exists only on CUDA/ROCm/XPU "
+                                "(vLLM refuses it on CPU, where there is nothing to free): drop --engine-sleep")
+        self.tp = int(tensor_parallel_size)
+        self.sleep_mode = enable_sleep_mode
+        self._asleep: set[str] = set()  # what sleeps now: "weights", "kv_cache"
+        self._group: Any = None  # the gloo group of this rank's engine (tensor parallel inside a torchrun job)
+        self._calls = 0
         kw: dict[str, Any] = dict(
             model=self.model_dir,
             dtype=self.dtype,
@@ -115,7 +144,10 @@ class VLLMEngine:
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            tensor_parallel_size=self.tp,
         )
+        if enable_sleep_mode:
+            kw["enable_sleep_mode"] = True
         if max_num_seqs is not None:
             kw["max_num_seqs"] = max_num_seqs
         if enable_chunked_prefill is None and not on_gpu:
@@ -141,14 +173,20 @@ class VLLMEngine:
             kw["kv_cache_memory_bytes"] = int(gib * 2**30)
         dist = torch.distributed
         self._owns_dist = not (dist.is_available() and dist.is_initialized())
+        # Workers in this process (weights can go by reference), unless vLLM starts its own (TP in one process).
+        self._workers_in_process = self.tp == 1
         if not self._owns_dist and dist.get_world_size() > 1:
-            # Inside a multi-process trainer (DeepSpeed/torchrun): one engine per rank, each on the
-            # ranks' existing process group (vLLM's "external launcher" mode, as TRL colocates).
+            # Inside a multi-process trainer (DeepSpeed/torchrun): one engine per rank (or per group of
+            # tp ranks), on the ranks' existing process group (vLLM's "external launcher" mode, as TRL colocates).
             kw["distributed_executor_backend"] = "external_launcher"
+            self._workers_in_process = True
             # vLLM reads these (torchrun / the DeepSpeed launcher set them; mp.spawn does not).
             os.environ.setdefault("RANK", str(dist.get_rank()))
             os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
             os.environ.setdefault("LOCAL_RANK", str(dist.get_rank() % max(1, torch.cuda.device_count()) if on_gpu else dist.get_rank()))
+            if self.tp > 1:
+                self.seed = seed = self._join_engine_group(dist)
+                kw["seed"] = seed
         self._llm_kwargs = kw
         t0 = time.perf_counter()
         # vLLM in-process re-seeds torch's global generator and (CPU worker) replaces
@@ -170,6 +208,20 @@ class VLLMEngine:
         self.construct_seconds = time.perf_counter() - t0
         self.prefix_caching = enable_prefix_caching
 
+    def _join_engine_group(self, dist: Any) -> int:
+        """Make one gloo group per engine (runs of ``tp`` consecutive ranks, as vLLM groups them; every
+        rank creates every group, in order); returns the seed the group's engines share (its first rank's)."""
+        world, rank, tp = dist.get_world_size(), dist.get_rank(), self.tp
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if world % tp or per_node % tp:
+            raise ReasonRLError(f"--engine-tp {tp} must divide the number of processes ({world}) and the processes per node ({per_node}): "
+                                "an engine's ranks are consecutive ranks of one node; change --engine-tp or --nproc_per_node")
+        groups = [dist.new_group(list(range(g, g + tp)), backend="gloo") for g in range(0, world, tp)]
+        self._group, self._group_rank = groups[rank // tp], rank % tp
+        seeds: list[Any] = [None] * tp
+        dist.all_gather_object(seeds, self.seed, group=self._group)
+        return int(seeds[0])
+
     # ------------------------------------------------------------------ generation
     def _sampling(self, p: SamplingParams, seed: int | None) -> Any:
         return self._vllm.SamplingParams(
@@ -186,12 +238,39 @@ class VLLMEngine:
         )
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
+        if self._group is None:
+            return self._generate(prompts, params, progress)
+        # Tensor parallel in a torchrun job: the group generates the union of its ranks' prompts.
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        mine = [[int(t) for t in p] for p in prompts]
+        parts: list[Any] = [None] * self.tp
+        dist.all_gather_object(parts, (mine, params), group=self._group)
+        if any(dataclasses.replace(p, seeds=None) != dataclasses.replace(params, seeds=None) for _, p in parts):
+            raise ReasonRLError("the ranks of one vLLM engine group (--engine-tp) asked for different sampling parameters: "
+                                "every rank of a group must sample alike")
+        self._calls += 1
+        union = [p for ps, _ in parts for p in ps]
+        if all(p.seeds is not None for _, p in parts):  # each prompt's own seed, whichever rank brought it
+            group_params = dataclasses.replace(params, seeds=tuple(s for _, p in parts for s in p.seeds))
+        else:  # seeds derived over the union; unseeded requests get the group's seed and call count
+            seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self._calls * 7919) % (2**62)
+            group_params = dataclasses.replace(params, seed=seed, seeds=None)
+        start = sum(len(ps) for ps, _ in parts[: self._group_rank])
+        out = self._generate(union, group_params, progress)[start : start + len(mine)]
+        n_tok = sum(len(c.token_ids) for g in out for c in g)
+        self.last_stats = GenerationStats(len(mine), sum(len(g) for g in out), n_tok, time.perf_counter() - t0, {"group_prompts": len(union)})
+        return out
+
+    def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
         if not prompts:
             self.last_stats = GenerationStats()
             return []
+        self._wake(None)
         longest = max(len(p) for p in prompts)
         if longest >= self.max_model_len:
             raise ReasonRLError(f"a prompt has {longest} tokens but the vLLM engine's max_model_len is {self.max_model_len}: "
@@ -206,6 +285,9 @@ class VLLMEngine:
         # One call for all prompts: vLLM's scheduler batches every sequence (continuous batching);
         # progress rides on vLLM's own per-request progress hook, so it changes nothing of that.
         outs = self.llm.generate(inputs, sp, use_tqdm=functools.partial(ProgressHook, progress) if progress else False)
+        if self.sleep_mode:  # give the GPU memory back to the trainer until the next sync / generation
+            self.llm.sleep(level=1)
+            self._asleep = {"weights", "kv_cache"}
         grouped: list[list[Completion]] = []
         n_tok = 0
         for req in outs:
@@ -247,16 +329,24 @@ class VLLMEngine:
                 yield k, v
 
         weights: Iterable[tuple[str, Any]]
-        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0" and self._workers_in_process
         weights = items() if in_process else list(items())  # a generator cannot cross a process boundary
         t0 = time.perf_counter()
+        self._wake(["weights"])
         with torch.no_grad():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             if self.tied_embeddings:
                 self.llm.apply_model(_repack_tied_lm_head)
-        if self.prefix_caching:
+        if self.prefix_caching and "kv_cache" not in self._asleep:  # (sleeping dropped the cache already)
             self.llm.reset_prefix_cache()
         self.last_update_seconds = time.perf_counter() - t0
+
+    def _wake(self, tags: list[str] | None) -> None:
+        """Wake what sleeps of ``tags`` (None: everything, so the engine can generate)."""
+        want = self._asleep if tags is None else self._asleep & set(tags)
+        if want:
+            self.llm.wake_up(tags=sorted(want))  # named tags: what is awake already (new weights) is never restored
+            self._asleep -= want
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -1,10 +1,12 @@
 """Options shared by the stages that generate (rollout, pretrain-value, train, eval): the model
-and engine, sampling, what the console shows and where metrics go; and the engine + tokenizer +
-scorer they open together."""
+and engine, sampling, what the console shows and where metrics go; the engine + tokenizer + scorer
+they open together; the training backend options shared by the stages that train (pretrain-value,
+train), and the backend they make."""
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,3 +88,50 @@ def open_generation(cfg: Any, model_dir: Path | None = None) -> Generation:
     tok = load_tokenizer(md)
     engine = make_engine(cfg, str(md), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     return Generation(engine, tok, RewardScorer(), md)
+
+
+BACKENDS = ("torch", "deepspeed")
+
+
+@dataclass
+class BackendOpts:
+    """Where the trained model's update runs: one process (torch), or DeepSpeed ZeRO over the
+    launcher's processes, each on its GPU when there is one (``prompts_per_step`` and
+    ``mini_batch_size`` stay global; each rank generates and trains on its share)."""
+
+    backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
+    zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
+    offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
+    gradient_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward pass (transformers' gradient checkpointing): a sequence then keeps one hidden state per layer instead of every intermediate, which long responses on big models need (see stages/*-qwen32b.toml); costs about one more forward.")
+
+    def _check_backend(self, mini_batch_size: int, micro_batch_size: int) -> None:
+        check(self.backend in BACKENDS, f"backend must be one of {BACKENDS}, got '{self.backend}'")
+        check(self.zero in (0, 1, 2, 3), "zero must be 0, 1, 2 or 3")
+        world = int(os.environ.get("WORLD_SIZE", "1")) if self.backend == "deepspeed" else 1
+        check(mini_batch_size % world == 0, f"mini_batch_size ({mini_batch_size}) must be divisible by the number of processes ({world})")
+        check(micro_batch_size <= mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({mini_batch_size // world})")
+
+
+def start_ranks(cfg: BackendOpts) -> tuple[int, int]:
+    """(rank, world size): the launcher's process group for DeepSpeed (joined here, each rank on its
+    GPU), else (0, 1)."""
+    if cfg.backend != "deepspeed":
+        return 0, 1
+    from reasonrl.train.ds_backend import init_distributed
+
+    return init_distributed()
+
+
+def make_backend(cfg: Any, model: Any, lr: float, dtype: str) -> Any:
+    """The backend ``cfg.backend`` names for ``model`` (``cfg``: BackendOpts plus the optimiser's
+    ``weight_decay``, ``grad_clip``, ``warmup_steps`` and ``micro_batch_size``)."""
+    common = dict(lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.backend == "deepspeed":
+        from reasonrl.train.ds_backend import DeepSpeedBackend
+
+        return DeepSpeedBackend(model, **common, zero=cfg.zero, offload=cfg.offload, micro_batch_size=cfg.micro_batch_size)
+    from reasonrl.train.backend import TorchBackend
+
+    return TorchBackend(model, **common)

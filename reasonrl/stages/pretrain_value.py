@@ -4,13 +4,22 @@ Sample G responses per prompt from the fixed initial policy, reward them, comput
 (Monte-Carlo returns with γ = 1), and train only the value model for N steps. Before and after, on a
 fixed held-out batch, record the value loss, explained variance and the mean value and advantage
 by token position: the initialisation bias that VC-PPO removes (early tokens valued low, a
-positive advantage bias growing toward the start of a response).
+positive advantage bias growing toward the start of a response). The held-out batch comes from the
+prepared data's validation split; without one it is drawn from the training rows and the picture
+is labelled "in-sample".
+
+Backends as ``train``: one process (torch), or ``--backend deepspeed --zero 2|3 [--offload]`` under
+torchrun, each rank on its GPU when there is one. ``prompts_per_step`` and ``mini_batch_size`` are
+global (each rank generates and trains on its share); the held-out batch is generated in shares and
+gathered, so every rank computes the same picture over all of it; rank 0 writes the outputs. Only
+the critic is loaded for training: the policy is sampled by the engine and never scored here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,24 +27,25 @@ import torch
 from reasonrl import algos as A
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.stages.options import ModelOpts, SamplingOpts, TrackOpts
+from reasonrl.errors import ReasonRLError
+from reasonrl.stages.options import BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, start_ranks
 
 
 @dataclass
-class PretrainValueConfig(ModelOpts, SamplingOpts, TrackOpts):
+class PretrainValueConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/critic", "Output directory: critic/ (HF directory), metrics.jsonl, bias.json, manifest.json.")
     critic_init: str | None = opt(None, "Initialise the value model from this directory (e.g. a reward model); default: the policy's backbone.")
     steps: int = opt(20, "Value-training steps (each on freshly sampled responses). More is not always better: it overfits.")
-    prompts_per_step: int = opt(16, "Prompts sampled per step (× group_size responses).")
-    mini_batch_size: int = opt(64, "Responses per critic optimizer update.")
-    micro_batch_size: int = opt(16, "Responses per forward/backward pass.")
+    prompts_per_step: int = opt(16, "Prompts sampled per step over all processes (× group_size responses).")
+    mini_batch_size: int = opt(64, "Responses per critic optimizer update over all processes.")
+    micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process.")
     critic_lr: float = opt(1e-5, "Critic learning rate (AdamW).")
     warmup_steps: int = opt(0, "Linear LR warm-up in steps, then constant.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
     lam_actor: float = opt(0.95, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
-    eval_prompts: int = opt(8, "Held-out validation prompts for the before/after bias picture.")
+    eval_prompts: int = opt(8, "Held-out prompts for the before/after bias picture (from the validation split; without one, from the training rows, labelled in-sample).")
     overwrite: bool = opt(False, "Replace a finished output directory.")
 
     def __post_init__(self) -> None:
@@ -49,6 +59,32 @@ class PretrainValueConfig(ModelOpts, SamplingOpts, TrackOpts):
         check(self.critic_lr > 0, "critic_lr must be > 0")
         check(0 <= self.lam_actor <= 1, "lam_actor must be in [0, 1]")
         check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
+        self._check_backend(self.mini_batch_size, self.micro_batch_size)
+
+
+def value_spec(lam_actor: float) -> A.AlgoSpec:
+    """The row value pretraining runs: vcppo's critic (λ_critic = 1: Monte-Carlo returns), the
+    actor's λ only for the advantage picture, no filtering or shaping of the rewards."""
+    return dataclasses.replace(A.get_algo("vcppo"), lam_actor=lam_actor, lam_critic=1.0, whiten_advantages=False,
+                               dynamic_sampling=False, overlong_filter=False, overlong_penalty=False)
+
+
+def held_out_rows(data: str, n: int) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``n`` rows of the validation split and False; without validation rows (a data directory
+    without them, or a single verl parquet file), the first ``n`` training rows and True (in-sample)."""
+    from reasonrl.data import load_prepared
+    from reasonrl.errors import MissingArtifactError
+
+    try:
+        val = [] if Path(data).is_file() else load_prepared(data, "validation")
+    except MissingArtifactError:
+        val = []
+    return (val[:n], False) if val else (load_prepared(data, "train")[:n], True)
+
+
+def _all_groups(groups: list[Any], ranks: Any) -> list[Any]:
+    """Every rank's share of the kept groups, on every rank, in draw order (padding copies left out)."""
+    return sorted((g for part in ranks.gather(groups) for g in part if not g[0].pad), key=lambda g: g[0].group)
 
 
 def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
@@ -69,94 +105,103 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from rich.console import Console
 
     from reasonrl.data import load_prepared
-    from reasonrl.devices import resolve_dtype
+    from reasonrl.devices import default_device, resolve_dtype
     from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
-    from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
+    from reasonrl.models.loading import check_weights, load_tokenizer
     from reasonrl.models.value import new_value_model
     from reasonrl.progress import Display, status
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
-    from reasonrl.train.backend import TorchBackend
     from reasonrl.train.collector import Collector, DataStream
     from reasonrl.train.learner import Learner
     from reasonrl.train.metrics import flatten_metrics, position_metrics, rollout_metrics
+    from reasonrl.train.ranks import Ranks
 
     console = console or Console(stderr=True)
     rows = load_prepared(cfg.data, "train")
-    try:
-        val_rows = load_prepared(cfg.data, "validation")
-    except Exception:  # noqa: BLE001 - a data dir without validation split: hold out from train
-        val_rows = []
-    val_rows = val_rows or rows[: cfg.eval_prompts]
+    if not rows:
+        raise ReasonRLError(f"{cfg.data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
+    held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
     policy_dir = cfg.policy_dir()
     init_dir = check_weights(cfg.critic_init, cfg.allow_pickle) if cfg.critic_init else policy_dir
-    out = prepare_out_dir(cfg.out, overwrite=cfg.overwrite)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
+    rank, world = start_ranks(cfg)
+    ranks = Ranks(rank, world)
+    out = Path(cfg.out)
+    if rank == 0:
+        prepare_out_dir(out, overwrite=cfg.overwrite)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    if world > 1:
+        torch.distributed.barrier()
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype)
     tok = load_tokenizer(policy_dir)
-    policy = load_causal_lm(policy_dir).eval()
-    for p in policy.parameters():
-        p.requires_grad_(False)
-    critic = new_value_model(init_dir, seed=cfg.seed)
-    critic_backend = TorchBackend(critic, lr=cfg.critic_lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
-    spec = dataclasses.replace(A.get_algo("vcppo"), lam_actor=cfg.lam_actor, lam_critic=1.0, whiten_advantages=False,
-                               dynamic_sampling=False, overlong_filter=False, overlong_penalty=False)
-    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+    critic = new_value_model(init_dir, seed=cfg.seed).to(default_device())
+    critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
+    spec = value_spec(cfg.lam_actor)
+    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed + rank, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     scorer = RewardScorer()
     sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
     mk = lambda rows_: Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(rows_, cfg.seed),  # noqa: E731
-                                 sampling=sampling, max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0)
-    collector, held = mk(rows), mk(val_rows)
+                                 sampling=sampling, max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0, seed=cfg.seed, ranks=ranks)
+    collector, held = mk(rows), mk(held_rows)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    learner = Learner(spec=spec, policy=policy, policy_backend=None, critic_backend=critic_backend, ref_model=None,
+    learner = Learner(spec=spec, policy=None, policy_backend=None, critic_backend=critic_backend, ref_model=None,
                       sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
-                      max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=cfg.mini_batch_size,
-                      ppo_epochs=1, dtype=dtype, seed=cfg.seed)
+                      max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
+                      ppo_epochs=1, dtype=dtype, seed=cfg.seed, ranks=ranks)
+    display = Display(console, quiet=cfg.quiet or rank != 0)
+    say = display.print if rank == 0 else (lambda *a, **k: None)
+    label = "in-sample: no validation split, drawn from the training rows" if in_sample else "held-out: the validation split"
     history: list[dict[str, Any]] = []
-    display = Display(console, quiet=cfg.quiet)
     bar = display.bar("pretrain-value", cfg.steps, unit="value steps")
-    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg))
+    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), rank=rank)
     try:
         display.start()
         status("held-out batch: generate + score")
-        held_col = held.collect(min(cfg.eval_prompts, len(val_rows)), dynamic=False)
+        held_groups = _all_groups(held.collect(len(held_rows), step=0, dynamic=False).groups, ranks)  # (training steps are 1..N)
         status("held-out batch: values before pretraining")
-        held_st = learner.prepare(held_col.groups)
+        held_st = learner.prepare(held_groups)
         before = _picture(learner, held_st, cfg.group_size)
-        display.print(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts) | before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
+        say(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts, backend {cfg.backend} ×{world}) | bias picture {label} | "
+            f"before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
         for step in range(1, cfg.steps + 1):
             status(f"value step {step}: generate + score")
-            col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)
+            col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
             if not col.groups:
                 bar.advance()
                 continue
             status(f"value step {step}: values + update critic")
             st = learner.prepare(col.groups, step=step)
             learner.advantages(st, group_size=cfg.group_size)
-            m = {"step": step, **rollout_metrics(col, st), **learner.update_critic(st)}
+            # rollout/ and critic/ update metrics are global; the by-position picture is this rank's share
+            m = {"step": step, **rollout_metrics(col, None, ranks), **learner.update_critic(st)}
             critic_backend.scheduler_step()
             m.update(position_metrics(st))
             history.append(m)
-            runlog.append(m)  # metrics.jsonl, then the trackers
-            display.print(f"value step {step}/{cfg.steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
-                          f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('rollout/acc_mean', 0):.3f}")
+            runlog.append(m)  # metrics.jsonl, then the trackers (rank 0)
+            say(f"value step {step}/{cfg.steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
+                f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('rollout/acc_mean', 0):.3f}")
             bar.advance()
         status("held-out batch: values under the trained critic")
-        held_st = learner.prepare(held_col.groups)  # values under the trained critic, same responses
+        held_st = learner.prepare(held_groups)  # values under the trained critic, same responses
         after = _picture(learner, held_st, cfg.group_size)
     finally:
         display.stop()
         runlog.close()
         scorer.close()
         engine.close()
-    critic_backend.save_model(out / "critic", tok)
-    bias = {"before": before, "after": after, "held_out_responses": sum(len(g) for g in held_col.groups)}
-    write_json(out / "bias.json", bias)
+    critic_backend.save_model(out / "critic", tok)  # every rank: ZeRO-3 gathers the shards
     summary = {"steps": cfg.steps, "before": flatten_metrics(before), "after": flatten_metrics(after), "last": flatten_metrics(history[-1]) if history else {}}
-    write_json(out / "summary.json", summary)
-    write_manifest(out, "pretrain-value", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir)}, extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"]})
-    console.print(f"critic → {out / 'critic'} | held-out value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
-                  f"explained variance {before.get('explained_variance', 0):.3f} → {after.get('explained_variance', 0):.3f}")
+    if rank == 0:
+        bias = {"before": before, "after": after, "held_out": "in-sample" if in_sample else "validation", "held_out_prompts": len(held_groups),
+                "held_out_responses": sum(len(g) for g in held_groups)}
+        write_json(out / "bias.json", bias)
+        write_json(out / "summary.json", summary)
+        write_manifest(out, "pretrain-value", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir)},
+                       extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world})
+    say(f"critic → {out / 'critic'} | {'in-sample' if in_sample else 'held-out'} value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
+        f"explained variance {before.get('explained_variance', 0):.3f} → {after.get('explained_variance', 0):.3f}")
+    if world > 1:
+        torch.distributed.barrier()
     return summary

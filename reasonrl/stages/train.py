@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +21,11 @@ from reasonrl.artifacts import read_manifest, write_json, write_manifest
 from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
-from reasonrl.stages.options import ModelOpts, SamplingOpts, TrackOpts
-from reasonrl.train.backend import TorchBackend
-
-BACKENDS = ("torch", "deepspeed")
+from reasonrl.stages.options import BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, start_ranks
 
 
 @dataclass
-class TrainConfig(ModelOpts, SamplingOpts, TrackOpts):
+class TrainConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in the README).")
@@ -50,9 +46,6 @@ class TrainConfig(ModelOpts, SamplingOpts, TrackOpts):
     weight_decay: float = opt(0.1, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
     overlong_cache_len: int | None = opt(None, "Soft overlong punishment buffer L_cache (DAPO: 4096 of 20480): punishment starts at max_response_len − overlong_cache_len; default max_response_len // 5, the paper's ratio.")
-    backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
-    zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
-    offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
     save_every: int = opt(0, "Save a checkpoint every N steps (0: only at the end).")
     keep_last: int = opt(0, "Keep only the newest N checkpoints (0: keep all).")
     max_bad_steps: int = opt(3, "Divergence guard: a step whose loss, gradient norm or values are not finite makes no update; after this many in a row the run stops with an error (the last good checkpoint stays the latest).")
@@ -84,13 +77,9 @@ class TrainConfig(ModelOpts, SamplingOpts, TrackOpts):
         if self.overlong_cache_len is None:
             self.overlong_cache_len = self.max_response_len // 5
         check(0 <= self.overlong_cache_len < self.max_response_len, f"overlong_cache_len must be in [0, max_response_len={self.max_response_len})")
-        check(self.backend in BACKENDS, f"backend must be one of {BACKENDS}, got '{self.backend}'")
-        check(self.zero in (0, 1, 2, 3), "zero must be 0, 1, 2 or 3")
+        self._check_backend(self.mini_batch_size, self.micro_batch_size)
         check(not (self.resume and self.overwrite), "--resume and --overwrite conflict: choose one")
         self.algo_spec()  # the row with its overrides must validate
-        world = int(os.environ.get("WORLD_SIZE", "1")) if self.backend == "deepspeed" else 1
-        check(self.mini_batch_size % world == 0, f"mini_batch_size ({self.mini_batch_size}) must be divisible by the number of processes ({world})")
-        check(self.micro_batch_size <= self.mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({self.mini_batch_size // world})")
         check(self.save_every >= 0 and self.log_every >= 1, "save_every must be >= 0 and log_every >= 1")
 
     def algo_spec(self) -> A.AlgoSpec:
@@ -116,15 +105,6 @@ def critic_dir(path: str | Path) -> Path:
                                 f"make one with `reasonrl pretrain-value --out DIR` and pass --critic DIR")
         return p
     raise MissingArtifactError(f"{p} holds no critic: run `reasonrl pretrain-value --out {p}` first")
-
-
-def make_backend(cfg: TrainConfig, model: torch.nn.Module, lr: float, dtype: str) -> Any:
-    if cfg.backend == "deepspeed":
-        from reasonrl.train.ds_backend import DeepSpeedBackend
-
-        return DeepSpeedBackend(model, lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps,
-                                dtype=dtype, zero=cfg.zero, offload=cfg.offload, micro_batch_size=cfg.micro_batch_size)
-    return TorchBackend(model, lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
 
 
 def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, console: Any) -> list[dict[str, Any]]:
@@ -183,11 +163,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     elif cfg.critic:
         console.print(f"[yellow]note: --algo {cfg.algo} uses no critic; --critic is ignored[/]")
 
-    rank, world = 0, 1
-    if cfg.backend == "deepspeed":
-        from reasonrl.train.ds_backend import init_distributed
-
-        rank, world = init_distributed()
+    rank, world = start_ranks(cfg)
     rows = fitting_prompts(rows, load_tokenizer(policy_dir), cfg.max_prompt_len, console if rank == 0 else None)
     ckpt = None
     if rank == 0:

@@ -113,7 +113,8 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, share_prompt
     """
     P, T = batch.prompt_len, batch.T
     ids, am, pos = batch.input_ids, batch.attention_mask, batch.position_ids
-    if not share_prompts:
+    # Transformers' gradient checkpointing drops the KV cache in training mode: one plain pass then.
+    if not share_prompts or (model.training and getattr(model, "is_gradient_checkpointing", False)):
         if causal_lm:
             return model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False, logits_to_keep=T + 1).logits[:, :-1, :]
         return model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits[:, P - 1 : P - 1 + T]

@@ -45,7 +45,9 @@ class Learner:
 
     Args:
         spec: the algo's row.
-        policy: the policy model (trained through ``policy_backend``, or frozen).
+        policy: the policy model (trained through ``policy_backend``, or frozen); None when only the
+            critic learns and needs no policy log-probabilities (value pretraining: old_logp and
+            entropy stay 0, the critic's values and the advantages are computed as usual).
         ref_model: the reference policy for a KL penalty (None when kl_coef = 0).
         sampling: the distribution the engine sampled from (temperature, top-k, top-p): every
             log-probability and entropy the trainer computes is of this distribution.
@@ -56,7 +58,7 @@ class Learner:
         ranks: this process among the run's processes (loss normalisation and metrics are global).
     """
 
-    def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module, policy_backend: Any, critic_backend: Any,
+    def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module | None, policy_backend: Any, critic_backend: Any,
                  ref_model: torch.nn.Module | None, sampling: A.Sampling, pad_id: int, max_len: int, micro_batch_size: int,
                  mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, ranks: Ranks | None = None) -> None:
         self.spec, self.policy, self.policy_backend, self.critic_backend, self.ref_model = spec, policy, policy_backend, critic_backend, ref_model
@@ -71,7 +73,8 @@ class Learner:
     @property
     def device(self) -> torch.device:
         """Where the models live (CPU, or the rank's GPU): micro-batches are moved there."""
-        return next(self.policy.parameters()).device
+        model = self.policy if self.policy is not None else self.critic_backend.model
+        return next(model.parameters()).device
 
     # ---------------------------------------------------------------- prepare
     def _micro_slices(self, n: int) -> list[list[int]]:
@@ -94,22 +97,26 @@ class Learner:
         entropy = torch.zeros(B, T)
         ref_logp = torch.zeros(B, T) if self.ref_model is not None else None
         values = torch.zeros(B, T) if self.critic_backend is not None else None
-        self.policy.eval()
+        policy = self.policy
+        if policy is not None:
+            policy.eval()
         for idx in self._micro_slices(B):
             mb = batch.select(idx).to(self.device)
             t = mb.T
             with autocast_ctx(self.dtype):
-                logits = response_logits(self.policy, mb)
-                old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
-                entropy[idx, :t] = (A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) * mb.valid).cpu()
-                del logits
+                if policy is not None:
+                    logits = response_logits(policy, mb)
+                    old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
+                    entropy[idx, :t] = (A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) * mb.valid).cpu()
+                    del logits
                 if ref_logp is not None:
                     ref_logits = response_logits(self.ref_model, mb)
                     ref_logp[idx, :t] = (A.logprobs_from_logits(ref_logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
                 if values is not None:
                     self.critic_backend.model.eval()
                     values[idx, :t] = (response_values(self.critic_backend.model, mb) * mb.valid).cpu()
-        self.policy.train()
+        if policy is not None:
+            policy.train()
         if self.critic_backend is not None:
             self.critic_backend.model.train()
         rewards = torch.tensor([s.shaped_reward for s in flat], dtype=torch.float32)

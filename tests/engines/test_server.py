@@ -1,12 +1,16 @@
-"""The server engine against a real ``vllm`` OpenAI-compatible server on the tiny model (loopback only).
+"""The server engine against real ``vllm`` OpenAI-compatible servers on the tiny model (loopback only).
 
-The fixture starts ``python -m vllm.entrypoints.openai.api_server`` on a free 127.0.0.1 port, waits
-(bounded) until ``/v1/models`` answers, and always kills the server's process group at teardown.
-Starting it takes about a minute on 2 CPU cores.
+The fixture starts two ``python -m vllm.entrypoints.openai.api_server`` processes as vLLM documents
+for RL (``VLLM_SERVER_DEV_MODE=1``, ``--weight-transfer-config '{"backend":"nccl"}'``) on free
+127.0.0.1 ports, waits (bounded) until ``/v1/models`` answers, and always kills the servers' process
+groups at teardown. Starting them takes about a minute on 2 CPU cores. What of the weight push runs
+on CPU is tested here (the RL control plane; the one-line error NCCL gives without GPUs); the NCCL
+data path runs in ``bench/gpu_check.sh``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -40,41 +44,51 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
+def servers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    logs = tmp_path_factory.mktemp("vllm_server")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
-           "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    procs, urls = [], []
+    for i in range(2):
+        port = _free_port()
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_dir), "--host", "127.0.0.1",
+               "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
+               "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--weight-transfer-config", '{"backend":"nccl"}']
+        with open(logs / f"server{i}.log", "wb") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        urls.append(f"http://127.0.0.1:{port}")
     t0 = time.monotonic()
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
-                pytest.fail(f"vllm server not ready after {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(1.0)
-        print(f"vllm server ready in {time.monotonic() - t0:.0f}s")
-        yield url
+        for i, (proc, url) in enumerate(zip(procs, urls)):
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"vllm server exited with {proc.returncode}:\n{(logs / f'server{i}.log').read_text()[-3000:]}")
+                if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                    pytest.fail(f"vllm server not ready after {STARTUP_TIMEOUT_S}s:\n{(logs / f'server{i}.log').read_text()[-3000:]}")
+                try:
+                    with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(1.0)
+        print(f"vllm servers ready in {time.monotonic() - t0:.0f}s")
+        yield urls
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(servers: list[str]) -> str:
+    return servers[0]
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +135,49 @@ def test_processed_logprobs_with_temperature(client: ServerEngine, tiny_dir: Pat
             torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
 
 
-def test_make_engine_url_and_no_weight_updates(server: str, tiny_dir: Path) -> None:
-    eng = make_engine(EngineOptions(engine=server), str(tiny_dir), seed=0)
-    assert isinstance(eng, ServerEngine) and eng.name == "vllm-server"
-    assert eng.model == str(tiny_dir)
-    with pytest.raises(ReasonRLError, match="restart `vllm serve`"):
-        eng.update_weights({})
+def _served_requests(url: str) -> float:
+    """Finished requests the server counted (its Prometheus /metrics)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith("vllm:request_success_total"))
+
+
+def test_prompts_spread_over_servers(servers: list[str], tiny_dir: Path, prompts) -> None:
+    """Two URLs: prompt i goes to server i mod 2; a prompt's seed follows its index, so the samples
+    are those one server gives."""
+    eng = make_engine(EngineOptions(engine=",".join(servers)), str(tiny_dir), seed=0)
+    assert eng.urls == servers and eng.model == str(tiny_dir)
+    p = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=11)
+    four = prompts + prompts[:1]
+    before = [_served_requests(u) for u in servers]
+    out = eng.generate(four, p)
+    after = [_served_requests(u) for u in servers]
+    assert [a - b for a, b in zip(after, before)] == [2 * p.n, 2 * p.n]  # 2 requests each, counted per sequence
+    one = ServerEngine(servers[1], str(tiny_dir)).generate(four, p)
+    assert [[c.token_ids for c in g] for g in out] == [[c.token_ids for c in g] for g in one]
+
+
+def test_weight_push_control_plane_and_cpu_error(servers: list[str], tiny_dir: Path, prompts) -> None:
+    """The RL routes of real dev-mode servers: world sizes (1 worker each: NCCL ranks 1 and 2 after the
+    trainer's 0), pause / resume; the push itself needs NCCL, i.e. GPUs: one line says so, and the
+    servers keep serving."""
+    from reasonrl.models import load_causal_lm
+
+    if torch.cuda.is_available():
+        pytest.skip("with GPUs the push runs (bench/gpu_check.sh)")
+    eng = make_engine(EngineOptions(engine=",".join(servers)), str(tiny_dir), seed=0)
+    assert eng.world_sizes() == [1, 1]
+
+    def paused() -> list[bool]:
+        return [json.loads(urllib.request.urlopen(u + "/is_paused", timeout=10).read())["is_paused"] for u in servers]
+
+    eng.pause()
+    assert paused() == [True, True]
+    eng.resume()
+    assert paused() == [False, False]
+    with pytest.raises(ReasonRLError) as e:
+        eng.update_weights(load_causal_lm(tiny_dir).state_dict())
+    assert "NCCL" in str(e.value) and "GPUs" in str(e.value) and "\n" not in str(e.value)
+    assert paused() == [False, False]
+    assert len(eng.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3))[0][0].token_ids) == 3
     eng.close()

@@ -177,3 +177,19 @@ def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_dir, 
     finally:
         eng.close()
     eng.close()
+
+
+def test_engine_sleep_needs_gpus_and_scale_options_are_vllm_only(tiny_dir) -> None:
+    """--engine-sleep on CPU: a one-line error saying why (vLLM has sleep mode on CUDA/ROCm/XPU only),
+    before any engine is built; --engine-tp / --engine-sleep are the vllm engine's options."""
+    if torch.cuda.is_available():
+        pytest.skip("sleep mode runs on GPUs (bench/gpu_check.sh)")
+    with pytest.raises(ReasonRLError) as e:
+        make_engine(EngineOptions(engine="vllm", dtype="fp32", engine_sleep=True), str(tiny_dir), seed=0)
+    assert "--engine-sleep needs GPUs" in str(e.value) and "\n" not in str(e.value)
+    for opt in ({"engine_tp": 2}, {"engine_sleep": True}):
+        flag = "--" + next(iter(opt)).replace("_", "-")
+        with pytest.raises(ReasonRLError, match=f"{flag} does not apply to the hf engine"):
+            make_engine(EngineOptions(engine="hf", **opt), str(tiny_dir), seed=0)
+    with pytest.raises(ReasonRLError, match="engine_tp must be >= 1"):
+        EngineOptions(engine_tp=0)._check_engine()

@@ -43,6 +43,7 @@ def test_chain(prepared, tiny_model, tmp_path):
     AutoModelForTokenClassification.from_pretrained(critic / "critic", num_labels=1)
     bias = json.loads((critic / "bias.json").read_text())
     assert "value_by_position" in bias["before"] and "value_by_position" in bias["after"]
+    assert bias["held_out"] == "validation" and bias["held_out_prompts"] == 2  # the prepared validation split
     assert len([ln for ln in (critic / "metrics.jsonl").read_text().splitlines() if ln]) == 2
 
     runs = {algo: [] for algo in ("ppo", "grpo", "dapo", "gspo", "cispo", "drgrpo")}

@@ -5,7 +5,9 @@ rewards: no sampling), keeps its share of the groups (``groups[rank::world]``, a
 shares prompts), and runs the real ``Learner`` update: ``prepare`` (old log-probs from the current
 policy) → ``advantages`` → ``update_policy`` (GRPO's loss + the positive-example NLL) → ``scheduler_step``, for ``--steps`` steps. After
 step ``steps - 1`` it saves the model and the backend state, and at the end it resumes from them
-into a fresh model + backend and redoes the last step. Rank 0 writes everything to ``--out``.
+into a fresh model + backend and redoes the last step. A config ending in "v" runs value
+pretraining's update instead (``run_value``: the critic alone, the stage's own row). Rank 0 writes
+everything to ``--out``.
 
     python tests/train/ds_worker.py --model DIR --backend torch --work W --out ref.pt
     torchrun --nproc_per_node 2 tests/train/ds_worker.py --model DIR --backend deepspeed --zero 2,3,3o --work W --out ds.pt
@@ -73,14 +75,45 @@ def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:
     return {k.removeprefix("actor/"): float(v) for k, v in m.items() if isinstance(v, (int, float))}
 
 
-def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path) -> dict[str, Any] | None:
-    from reasonrl.models.loading import load_causal_lm, load_tokenizer
-
-    rank, world = 0, 1
+def ranks(kind: str) -> tuple[int, int]:
     if kind == "deepspeed":  # joins the launcher's process group (once), or makes a world of one
         from reasonrl.train.ds_backend import init_distributed
 
-        rank, world = init_distributed()
+        return init_distributed()
+    return 0, 1
+
+
+def run_value(model_dir: Path, kind: str, zero: int, steps: int) -> dict[str, Any] | None:
+    """`pretrain-value`'s update on the fixed groups: prepare (values) → λ=1 returns → update_critic."""
+    from reasonrl.algos import Sampling
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.models.value import new_value_model
+    from reasonrl.stages.pretrain_value import value_spec
+    from reasonrl.train.learner import Learner
+    from reasonrl.train.ranks import Ranks
+
+    rank, world = ranks(kind)
+    tok = load_tokenizer(model_dir)
+    groups = fixed_groups(len(tok))[rank::world]
+    backend = make_backend(kind, new_value_model(model_dir, seed=0), zero, False)
+    learner = Learner(spec=value_spec(0.95), policy=None, policy_backend=None, critic_backend=backend, ref_model=None, sampling=Sampling(),
+                      pad_id=tok.pad_token_id, max_len=16, micro_batch_size=MICRO, mini_batch_size=len(groups) * GROUP_SIZE, ppo_epochs=1,
+                      dtype="fp32", seed=0, ranks=Ranks(rank, world))
+    metrics = []
+    for _ in range(steps):
+        st = learner.prepare(groups)
+        learner.advantages(st, group_size=GROUP_SIZE)
+        m = learner.update_critic(st)
+        backend.scheduler_step()
+        metrics.append({k.removeprefix("critic/"): float(v) for k, v in m.items()})
+    weights = backend.full_state_dict()
+    return {"world": world, "metrics": metrics, "weights": weights} if rank == 0 else None
+
+
+def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path) -> dict[str, Any] | None:
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+
+    rank, world = ranks(kind)
     torch.manual_seed(0)
     tok = load_tokenizer(model_dir)
     groups = fixed_groups(len(tok))[rank::world]
@@ -113,14 +146,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--backend", choices=("torch", "deepspeed"), required=True)
-    ap.add_argument("--zero", default="2", help="ZeRO configs, comma-separated, run in turn in one process group: 2, 3, 2o / 3o (CPU offload)")
+    ap.add_argument("--zero", default="2", help="ZeRO configs, comma-separated, run in turn in one process group: 2, 3, 2o / 3o (CPU offload), 3v (value pretraining)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     results = {}
     for name in a.zero.split(","):
-        results[name] = run(Path(a.model), a.backend, int(name[0]), name.endswith("o"), a.steps, Path(a.work) / f"zero{name}")
+        if name.endswith("v"):
+            results[name] = run_value(Path(a.model), a.backend, int(name[0]), a.steps)
+        else:
+            results[name] = run(Path(a.model), a.backend, int(name[0]), name.endswith("o"), a.steps, Path(a.work) / f"zero{name}")
     if results[name] is not None:
         torch.save(results, a.out)
 

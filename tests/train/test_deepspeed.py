@@ -5,10 +5,13 @@
   for 3 steps, TorchBackend in one process vs DeepSpeedBackend in 2 processes (each rank holds half
   of the groups) for ZeRO-2, ZeRO-3 and ZeRO-3 with CPU offload: per-step loss, grad norm, LR and the
   updated weights match;
-  a resume from save_model + save_state redoes the last step identically.
+  a resume from save_model + save_state redoes the last step identically; value pretraining's
+  critic update (the stage's row, no policy) on ZeRO-3 matches one process too.
 * The CLI as a user runs it: ``torchrun --nproc_per_node 2 -m reasonrl.cli train --backend deepspeed``
   for ZeRO-2 (3 steps) and ZeRO-3 (2 steps, then ``--resume`` to 3), checking metrics.jsonl, the
-  consolidated HF ``policy/`` directory, and that the resumed run continued the LR schedule.
+  consolidated HF ``policy/`` directory, and that the resumed run continued the LR schedule; and
+  ``pretrain-value --backend deepspeed --zero 3`` on 2 processes (outputs written once, the bias
+  picture labelled in-sample without a validation split).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 WORKER = HERE / "ds_worker.py"
 CONFIGS = ["2", "3", "3o"]  # ZeRO stage; "o": offload_optimizer (+ offload_param for stage 3) to CPU with torch AdamW
+VALUE = "3v"  # value pretraining's update under ZeRO-3
 
 
 def _env() -> dict[str, str]:
@@ -83,7 +87,7 @@ def ds_update_results(tiny_model, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("ds_update")
     out = work / "ds.pt"
-    _launch(2, [str(WORKER), "--model", str(tiny_model), "--backend", "deepspeed", "--zero", ",".join(CONFIGS), "--work", str(work / "ds"), "--out", str(out)])
+    _launch(2, [str(WORKER), "--model", str(tiny_model), "--backend", "deepspeed", "--zero", ",".join(CONFIGS + [VALUE]), "--work", str(work / "ds"), "--out", str(out)])
     ds = torch.load(out, weights_only=False)
     ref = _worker().run(tiny_model, "torch", 0, False, 3, work / "ref")
     return ref, ds
@@ -125,6 +129,21 @@ def test_zero_save_and_resume_redo_last_step(ds_update_results, zero):
         assert _close(last[k], resumed[k], rel=1e-5), (k, last[k], resumed[k])
     for k, w in ds["weights"].items():
         assert (ds["resumed_weights"][k] - w).abs().max() <= 1e-6, k
+
+
+def test_zero3_value_pretraining_update_matches_single_process(ds_update_results, tiny_model):
+    from reasonrl.models.value import new_value_model
+
+    ds, ref = ds_update_results[1][VALUE], _worker().run_value(tiny_model, "torch", 0, 3)
+    assert ds["world"] == 2 and ref["world"] == 1 and len(ds["metrics"]) == len(ref["metrics"]) == 3
+    for step, (r, d) in enumerate(zip(ref["metrics"], ds["metrics"]), start=1):
+        assert _close(r["vf_loss"], d["vf_loss"]) and _close(r["grad_norm"], d["grad_norm"]), (step, r, d)
+        assert r["lr"] == pytest.approx(d["lr"], rel=1e-12), step
+    init = new_value_model(tiny_model, seed=0).state_dict()
+    assert sorted(ds["weights"]) == sorted(ref["weights"]) == sorted(init)
+    for k, w in ref["weights"].items():
+        assert (ds["weights"][k] - w).abs().max() <= 5e-5, k
+    assert max(float((ref["weights"][k] - init[k]).abs().max()) for k in init) > 1e-3  # the critic moved far beyond the tolerance
 
 
 def test_init_distributed_single_process_and_bad_env(tmp_path):
@@ -204,3 +223,43 @@ def test_cli_train_zero3_torchrun_resume(format_model, toy_data, tmp_path):
     # The LR warm-up continued from the saved scheduler (a fresh one would restart at 2.5e-4).
     assert [r["actor/lr"] for r in m] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
     _check_policy(out, format_model)
+
+
+def _pretrain_value_args(model: Path, data: Path, out: Path) -> list[str]:
+    return ["-m", "reasonrl.cli", "pretrain-value", "--model", str(model), "--data", str(data), "--out", str(out), "--engine", "hf",
+            "--dtype", "fp32", "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--max-prompt-len", "64",
+            "--max-response-len", "12", "--mini-batch-size", "8", "--micro-batch-size", "4", "--critic-lr", "1e-3", "--eval-prompts", "3",
+            "--gen-batch-size", "8"]
+
+
+def test_cli_pretrain_value_zero3_torchrun_matches_one_process(format_model, toy_data, tmp_path):
+    """The whole stage: 2 ranks (ZeRO-3) sample the same responses as one process (seeds follow the
+    draw), so the bias picture before training is the same, and after 2 steps of updates it and
+    the step metrics still match; rank 0 writes everything once. A parquet file has no validation
+    split: the picture says in-sample."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    data = toy_data / "train.parquet"
+    _run([sys.executable] + _pretrain_value_args(format_model, data, one))
+    p = _launch(2, _pretrain_value_args(format_model, data, two) + ["--backend", "deepspeed", "--zero", "3"])
+    assert "in-sample" in p.stderr
+    b1, b2 = (json.loads((d / "bias.json").read_text()) for d in (one, two))
+    assert b2["held_out"] == "in-sample" and b2["held_out_prompts"] == 3 and b2["held_out_responses"] == 12  # 3 prompts over 2 ranks
+    for when in ("before", "after"):
+        for k in ("value_loss", "value_mean", "advantage_mean", "explained_variance"):
+            assert _close(b1[when][k], b2[when][k], rel=1e-4, abs_=1e-5), (when, k, b1[when][k], b2[when][k])
+        assert b1[when]["value_by_position"] == pytest.approx(b2[when]["value_by_position"], rel=1e-4, abs=1e-5)
+    assert abs(b1["after"]["value_loss"] - b1["before"]["value_loss"]) > 1e-3  # training moved the picture
+    m1, m2 = _metrics(one), _metrics(two)
+    assert [r["step"] for r in m2] == [1, 2]  # written once (rank 0)
+    for r1, r2 in zip(m1, m2):
+        for k in ("rollout/reward_mean", "rollout/response_length_mean", "rollout/batch_size", "rollout/gen_tokens"):
+            assert r1[k] == pytest.approx(r2[k]), k  # global metrics, the same responses
+        for k in ("critic/vf_loss", "critic/grad_norm"):
+            assert _close(r1[k], r2[k], rel=1e-4, abs_=1e-6), (k, r1[k], r2[k])
+    assert json.loads((two / "manifest.json").read_text())["world_size"] == 2
+    from reasonrl.models.value import load_value_model
+
+    c1, c2 = load_value_model(one / "critic").state_dict(), load_value_model(two / "critic").state_dict()
+    assert sorted(c1) == sorted(c2)
+    for k in c1:  # the consolidated ZeRO-3 critic: whole tensors, the same weights
+        assert c1[k].shape == c2[k].shape and (c1[k] - c2[k]).abs().max() <= 5e-5, k
