@@ -25,12 +25,14 @@ def rollout_metrics(col: Collected, st: StepTensors | None) -> dict[str, Any]:
     gen = col.generated
     if gen:
         lens = [s.length for s in gen]
+        prompt_lens = {s.group: len(s.prompt_ids) for s in gen}  # one per group: its samples share the prompt
         m.update({
             "rollout/reward_mean": sum(s.reward for s in gen) / len(gen),
             "rollout/shaped_reward_mean": sum(s.shaped_reward for s in gen) / len(gen),
             "rollout/acc_mean": sum(s.correct for s in gen) / len(gen),
             "rollout/response_length_mean": sum(lens) / len(lens),
             "rollout/response_length_max": max(lens),
+            "rollout/prompt_length_mean": sum(prompt_lens.values()) / len(prompt_lens),
             "rollout/truncated_frac": sum(s.truncated for s in gen) / len(gen),
             "rollout/no_answer_frac": sum(s.extracted is None for s in gen) / len(gen),
         })
