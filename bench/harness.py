@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this tree's reasonrl, in the scripts' own process too
+    sys.path.insert(0, str(ROOT))
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,12 @@ def prepare(regime: Regime, workdir: Path) -> Path:
 
 
 def train(args: list[str], out: Path, log: Path) -> list[dict[str, Any]]:
-    """Run ``reasonrl train ARGS --out OUT`` in a fresh process; its metrics, one dict per step."""
+    """Run ``reasonrl train ARGS --out OUT`` in a fresh process; its metrics, one dict per step.
+    The run directory keeps ``metrics.jsonl`` and ``config.json`` (for ``bench/limits.py --run``);
+    its checkpoints and final policy are deleted (1.6 GB for SmolLM2-135M)."""
     run_logged([sys.executable, "-m", "reasonrl.cli", "train", *map(str, args), "--out", str(out), "--overwrite"], log)
+    for sub in ("checkpoints", "policy"):
+        shutil.rmtree(out / sub, ignore_errors=True)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 

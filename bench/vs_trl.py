@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -174,7 +173,7 @@ def main() -> None:
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="fp32: everything fp32; bf16: reasonrl --dtype bf16, TRL bf16=True (autocast in its training forward; its generation stays fp32)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, run directories (deleted after reading) and logs")
+    ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, logs, and run directories (metrics.jsonl + config.json; checkpoints deleted)")
     ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
     a = ap.parse_args()
     if a.trl_worker:
@@ -197,10 +196,9 @@ def main() -> None:
         order = fws[rnd % len(fws):] + fws[: rnd % len(fws)]
         for r in regimes:
             for fw in order:
-                out, log = work / "runs" / f"{r.name}-{fw}", work / "logs" / f"{r.name}-{fw}-round{rnd + 1}.log"
+                out, log = work / "runs" / f"{r.name}-{fw}-round{rnd + 1}", work / "logs" / f"{r.name}-{fw}-round{rnd + 1}.log"
                 t0 = time.perf_counter()
                 steps = run_trl(a, r, data[r.name], model, out, log) if fw == "trl" else run_reasonrl(a, fw, r, data[r.name], model, out, log)
-                shutil.rmtree(out, ignore_errors=True)
                 timed = steps[a.warmup:]
                 results[r.name][fw] += timed
                 print(f"round {rnd + 1} {r.name:8s} {FRAMEWORKS[fw]:32s} s/step " + " ".join(f"{s['step_s']:.2f}" for s in steps)

@@ -123,9 +123,13 @@ def test_step_perf_shares_and_mfu():
 def test_phase_gemms_and_gpu_table(tiny_model):
     s = _tiny_shape(tiny_model)
     prefill = phase_gemms(s, 100, kind="prefill")
-    assert (100, 64, s.vocab, 1) not in prefill and (100, 64, 3 * 64, 2) in prefill
-    train = phase_gemms(s, 100, kind="train")
-    assert sum(2 * m * k * n * c for m, k, n, c in train) == 3 * sum(2 * m * k * n * c for m, k, n, c in phase_gemms(s, 100, kind="forward"))
+    assert "lm_head" not in prefill and prefill["qkv"] == [(100, 64, 3 * 64, 2)]
+    assert phase_gemms(s, 100, kind="decode")["lm_head"] == [(100, 64, s.vocab, 1)]
+
+    def flops(kind: str) -> int:
+        return sum(2 * m * k * n * c for products in phase_gemms(s, 100, kind=kind).values() for m, k, n, c in products)
+
+    assert flops("train") == 3 * flops("forward") == 3 * 100 * flops_per_token(s, context=0)
     assert gpu_peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12  # the longest matching name wins
     assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "fp32") == pytest.approx(66.9e12)
     assert gpu_peak_flops("NVIDIA L40S", "bf16") == pytest.approx(362.1e12)
