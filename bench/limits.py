@@ -80,8 +80,9 @@ def main() -> None:
     micro = cfg.get("micro_batch_size", a.micro_batch_size)
     if cfg:
         G = cfg["group_size"]
+        world = cfg.get("world_size", 1)  # bounds per process: each does its share of the step
         steps = [(m, c) for m in lines if (c := StepCounts.from_metrics(m, group_size=G, epochs=cfg.get("ppo_epochs", 1),
-                                                                        mini_batch_size=cfg.get("mini_batch_size")))]
+                                                                        mini_batch_size=cfg.get("mini_batch_size", 0) // world or None, world=world))]
         if not steps:
             raise SystemExit(f"{a.run}: no step with an update in metrics.jsonl")
         timed = steps[a.skip_first:] or steps
@@ -99,8 +100,8 @@ def main() -> None:
     print(f"model {model_dir.name}: {shape.params() / 1e6:.1f}M params, hidden {shape.hidden}, {shape.layers} layers, "
           f"{shape.heads}/{shape.kv_heads} heads of {shape.head_dim}, vocab {shape.vocab}")
     train_rows_tokens = round(micro * (c0.prompt_len + c0.train_response_tokens / c0.train_rows))
-    rows = {"decode": c0.gen_rows, "prefill": round(c0.gen_prompts * c0.prompt_len), "forward": train_rows_tokens, "train": train_rows_tokens}
-    print(f"step: {c0.gen_prompts} prompts x {c0.gen_rows // c0.gen_prompts} samples, prompt {c0.prompt_len:.0f} tokens, "
+    rows = {"decode": round(c0.gen_rows), "prefill": round(c0.gen_prompts * c0.prompt_len), "forward": train_rows_tokens, "train": train_rows_tokens}
+    print(f"step: {c0.gen_prompts:g} prompts x {c0.gen_rows / c0.gen_prompts:g} samples, prompt {c0.prompt_len:.0f} tokens, "
           f"{c0.gen_tokens / c0.gen_rows:.1f} response tokens per row, {c0.decode_steps} decode steps, micro-batch {micro} rows "
           f"({train_rows_tokens} tokens), step dtype {dtype}")
 

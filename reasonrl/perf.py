@@ -107,14 +107,14 @@ def flops_per_token(shape: ModelShape, *, context: float, lm_head: bool = True, 
 class StepCounts:
     """A step's token counts, as a run's ``metrics.jsonl`` holds them (:meth:`from_metrics`)."""
 
-    gen_prompts: int  # distinct prompts generated from (every dynamic-sampling round)
-    gen_rows: int  # responses generated
-    gen_tokens: int  # response tokens generated
+    gen_prompts: float  # distinct prompts generated from (every dynamic-sampling round)
+    gen_rows: float  # responses generated
+    gen_tokens: float  # response tokens generated
     decode_steps: int  # the longest response: the batch decoded at least this many steps
     prompt_len: float  # mean prompt tokens
-    train_prompts: int  # groups trained on
-    train_rows: int  # responses trained on
-    train_tokens: int  # prompt + response tokens of the trained rows (each row's prompt counted)
+    train_prompts: float  # groups trained on
+    train_rows: float  # responses trained on
+    train_tokens: float  # prompt + response tokens of the trained rows (each row's prompt counted)
     epochs: int = 1
     optimizer_steps: int = 1
 
@@ -123,23 +123,25 @@ class StepCounts:
         return max(0.0, self.train_tokens - self.train_rows * self.prompt_len)
 
     @classmethod
-    def from_metrics(cls, m: dict[str, Any], *, group_size: int, epochs: int = 1, mini_batch_size: int | None = None) -> "StepCounts | None":
-        """From one line of ``metrics.jsonl``; None for a step without an update. Runs logged before
-        ``rollout/prompt_length_mean`` existed get it from the batch when nothing was dropped."""
-        rows = int(m.get("rollout/batch_size") or 0)
+    def from_metrics(cls, m: dict[str, Any], *, group_size: int, epochs: int = 1, mini_batch_size: int | None = None,
+                     world: int = 1) -> "StepCounts | None":
+        """One process's share, from one line of ``metrics.jsonl`` (its ``rollout/…`` counts are over
+        all ``world`` processes, ``perf/train_tokens`` this process's); None for a step without an
+        update. Runs logged before ``rollout/prompt_length_mean`` existed get it from the batch when
+        nothing was dropped. ``mini_batch_size``: per process."""
+        rows = (m.get("rollout/batch_size") or 0) / world
         if not rows or not m.get("perf/train_tokens"):
             return None
-        gen_prompts = int(m.get("rollout/ds_generated_groups") or rows // group_size)
+        gen_prompts = (m.get("rollout/ds_generated_groups") or 0) / world or rows / group_size
         p = m.get("rollout/prompt_length_mean")
         if p is None:
             if gen_prompts * group_size != rows:
                 raise ValueError("this step dropped groups and its metrics have no rollout/prompt_length_mean: give the prompt length")
-            p = (m["perf/train_tokens"] - m["rollout/gen_tokens"]) / rows
-        return cls(gen_prompts=gen_prompts, gen_rows=gen_prompts * group_size, gen_tokens=int(m["rollout/gen_tokens"]),
+            p = (m["perf/train_tokens"] - m["rollout/gen_tokens"] / world) / rows
+        return cls(gen_prompts=gen_prompts, gen_rows=gen_prompts * group_size, gen_tokens=m["rollout/gen_tokens"] / world,
                    decode_steps=int(m.get("rollout/response_length_max") or 0), prompt_len=float(p),
-                   train_prompts=int(m.get("rollout/ds_kept_groups") or rows // group_size), train_rows=rows,
-                   train_tokens=int(m["perf/train_tokens"]), epochs=epochs,
-                   optimizer_steps=epochs * math.ceil(rows / (mini_batch_size or rows)))
+                   train_prompts=(m.get("rollout/ds_kept_groups") or 0) / world or rows / group_size, train_rows=rows,
+                   train_tokens=m["perf/train_tokens"], epochs=epochs, optimizer_steps=epochs * math.ceil(rows / (mini_batch_size or rows)))
 
 
 @dataclass(frozen=True)
@@ -301,10 +303,10 @@ class StepPerf:
     (the update's FLOPs / (its time × peak), as verl's actor MFU)."""
 
     def __init__(self, shape: ModelShape, *, peak_flops: float, bandwidth: float, engine_dtype: str, group_size: int,
-                 epochs: int = 1, mini_batch_size: int | None = None, critic: bool = False, ref: bool = False) -> None:
+                 epochs: int = 1, mini_batch_size: int | None = None, critic: bool = False, ref: bool = False, world: int = 1) -> None:
         self.shape, self.peak, self.limits = shape, peak_flops, Limits.uniform(peak_flops, bandwidth)
         self.engine_bytes, self.group_size, self.epochs, self.mini = DTYPE_BYTES[engine_dtype], group_size, epochs, mini_batch_size
-        self.critic, self.ref = critic, ref
+        self.critic, self.ref, self.world = critic, ref, world
 
     @classmethod
     def for_model(cls, config: Any, *, dtype: str, device: str, peak_flops: float | None = None, **kw: Any) -> "StepPerf":
@@ -320,7 +322,7 @@ class StepPerf:
         return cls(shape, peak_flops=peak_flops, bandwidth=measured_bandwidth(device), engine_dtype=dtype, **kw)
 
     def metrics(self, m: dict[str, Any]) -> dict[str, float]:
-        c = StepCounts.from_metrics(m, group_size=self.group_size, epochs=self.epochs, mini_batch_size=self.mini)
+        c = StepCounts.from_metrics(m, group_size=self.group_size, epochs=self.epochs, mini_batch_size=self.mini, world=self.world)
         if c is None:
             return {}
         work = step_work(self.shape, c, engine_bytes=self.engine_bytes)

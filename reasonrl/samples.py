@@ -8,6 +8,7 @@ truncated, the rule reward, correctness and the group id; ``write_rollouts`` sto
 from __future__ import annotations
 
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +35,7 @@ class Sample:
     shaped_reward: float = 0.0  # reward + soft overlong punishment (when the algo uses it)
     data_source: str = ""
     kept: bool = True  # False when dynamic sampling dropped (or trimmed) its group
+    pad: bool = False  # a copy that only evens out the ranks' shares: no loss, no metric
 
     @property
     def length(self) -> int:
@@ -85,11 +87,15 @@ def generate_rollouts(
     params: SamplingParams,
     *,
     max_prompt_len: int,
-    group_offset: int = 0,
+    group_ids: Sequence[int] | None = None,
     row_offset: int = 0,
     progress: Any = None,
 ) -> tuple[list[list[Sample]], RolloutStats]:
-    """Sample ``params.n`` responses for each row; return one list of samples per kept prompt."""
+    """Sample ``params.n`` responses for each row; return one list of samples per kept prompt.
+
+    ``group_ids[i]`` names row i's group (default: its position); ``params.seeds``, when given, has
+    one seed per row. Rows whose prompt is longer than ``max_prompt_len`` are skipped and counted.
+    """
     stats = RolloutStats()
     texts, ids, kept = [], [], []
     for i, row in enumerate(rows):
@@ -103,6 +109,8 @@ def generate_rollouts(
         kept.append(i)
     if not kept:
         return [], stats
+    if params.seeds is not None and len(kept) < len(rows):
+        params = dataclasses.replace(params, seeds=tuple(params.seeds[i] for i in kept))
     t0 = time.perf_counter()
     outs = engine.generate(ids, params)
     stats.gen_seconds = time.perf_counter() - t0
@@ -113,7 +121,7 @@ def generate_rollouts(
         group = []
         for c in comps:
             s = Sample(
-                group=group_offset + g,
+                group=group_ids[i] if group_ids is not None else g,
                 prompt_index=row_offset + i,
                 prompt=text,
                 prompt_ids=list(p_ids),

@@ -105,6 +105,9 @@ def test_counts_from_metrics():
     with pytest.raises(ValueError, match="prompt_length_mean"):
         StepCounts.from_metrics({**old, "rollout/ds_generated_groups": 3}, group_size=2)
     assert StepCounts.from_metrics({"rollout/gen_tokens": 12}, group_size=2) is None  # no update this step
+    # two processes: rollout counts are over both, perf/train_tokens this process's; the counts are one process's share
+    both = {**METRICS, "rollout/batch_size": 8, "rollout/ds_generated_groups": 4, "rollout/ds_kept_groups": 4, "rollout/gen_tokens": 24}
+    assert StepCounts.from_metrics(both, group_size=2, world=2) == COUNTS
     two = StepCounts.from_metrics(METRICS, group_size=2, epochs=2, mini_batch_size=3)
     assert (two.epochs, two.optimizer_steps) == (2, 4)
 

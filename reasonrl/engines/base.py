@@ -18,7 +18,13 @@ from reasonrl.errors import ReasonRLError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``top_k=-1`` and ``top_p=1.0`` disable those filters."""
+    """How to sample. ``top_k=-1`` and ``top_p=1.0`` disable those filters.
+
+    Seeds: ``seeds`` gives each prompt its own seed (sample ``j`` of prompt ``i`` uses
+    ``seeds[i] + j``, vLLM's convention), so a prompt's tokens do not depend on which other
+    prompts share the call; else ``seed`` derives one per prompt (:func:`prompt_seeds`); with
+    neither, the engine draws from its own generator.
+    """
 
     n: int = 1
     temperature: float = 1.0
@@ -27,6 +33,7 @@ class SamplingParams:
     max_tokens: int = 256
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -149,3 +156,15 @@ def eos_token_ids(model_dir: str | Path, cfg: dict[str, Any] | None = None) -> s
 def derived_seed(seed: int, prompt_index: int, n: int) -> int:
     """A distinct seed per prompt; vLLM then uses ``seed + j`` for sample ``j`` (so no overlap)."""
     return (seed * 1_000_003 + prompt_index * n) % (2**62)
+
+
+def prompt_seeds(params: SamplingParams, n_prompts: int) -> list[int | None]:
+    """Each prompt's seed: ``params.seeds`` when given (one per prompt), else derived from
+    ``params.seed`` (:func:`derived_seed`), else None (unseeded)."""
+    if params.seeds is not None:
+        if len(params.seeds) != n_prompts:
+            raise ValueError(f"SamplingParams.seeds has {len(params.seeds)} seeds for {n_prompts} prompts")
+        return [int(s) for s in params.seeds]
+    if params.seed is None:
+        return [None] * n_prompts
+    return [derived_seed(params.seed, i, params.n) for i in range(n_prompts)]

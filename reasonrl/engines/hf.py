@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from reasonrl.algos.logits import Sampling, sampling_logits
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, prompt_seeds
 
 
 class HFEngine:
@@ -56,16 +56,18 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         t0 = time.perf_counter()
-        if params.seed is not None:
-            self.generator.manual_seed(params.seed)
+        seeds = prompt_seeds(params, len(prompts))
+        if seeds and seeds[0] is None:  # unseeded: the engine's own stream picks the prompts' seeds
+            seeds = torch.randint(0, 2**62, (len(prompts),), generator=self.generator).tolist()
         rows = [(i, list(p)) for i, p in enumerate(prompts) for _ in range(params.n)]
+        row_seeds = [seeds[i] + j for i in range(len(prompts)) for j in range(params.n)]
         # Sort by prompt length so each batch pads little (stable: a prompt's samples stay
         # adjacent, so they share one prefill); results go back by index.
         order = sorted(range(len(rows)), key=lambda j: len(rows[j][1]))
         results: list[Completion | None] = [None] * len(rows)
         for s in range(0, len(order), self.batch_size):
             chunk = order[s : s + self.batch_size]
-            outs = self._generate_batch([rows[j][1] for j in chunk], params, [rows[j][0] for j in chunk])
+            outs = self._generate_batch([rows[j][1] for j in chunk], params, [rows[j][0] for j in chunk], [row_seeds[j] for j in chunk])
             for j, c in zip(chunk, outs):
                 results[j] = c
         grouped: list[list[Completion]] = [[] for _ in prompts]
@@ -76,12 +78,12 @@ class HFEngine:
         self.last_stats = GenerationStats(len(prompts), len(rows), n_tok, time.perf_counter() - t0)
         return grouped
 
-    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, keys: list[int] | None = None) -> list[Completion]:
-        """Rows ``prompts`` (equal ``keys`` = the same prompt) → one completion per row."""
+    def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, keys: list[int], seeds: list[int]) -> list[Completion]:
+        """Rows ``prompts`` (equal ``keys`` = the same prompt) → one completion per row. Each row
+        samples with its own generator (``seeds``), so its tokens do not depend on the batch."""
         from transformers import DynamicCache
 
         B = len(prompts)
-        keys = list(range(B)) if keys is None else keys
         first: dict[int, int] = {}
         for k in keys:
             first.setdefault(k, len(first))
@@ -110,6 +112,7 @@ class HFEngine:
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cur_pos = pos[:, -1:]
         sampling = Sampling(p.temperature, p.top_k, p.top_p) if p.temperature > 0 else None
+        gens = [torch.Generator(device=dev).manual_seed(int(s) % 2**63) for s in seeds] if sampling is not None else []
         for t in range(p.max_tokens):
             if t == 0:
                 logits = logits0.float()
@@ -120,7 +123,7 @@ class HFEngine:
                 lp = torch.log_softmax(logits, -1).gather(-1, nxt[:, None]).squeeze(-1)
             else:
                 logp = torch.log_softmax(sampling_logits(logits, sampling), -1)
-                nxt = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+                nxt = _inverse_cdf(logp.exp(), torch.stack([torch.rand((), generator=g, device=dev) for g in gens]))
                 lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             out_tok[:, t] = nxt
@@ -140,6 +143,13 @@ class HFEngine:
             n = int(lengths[b])
             res.append(Completion(out_tok[b, :n].tolist(), out_lp[b, :n].tolist(), "stop" if bool(stopped[b]) else "length"))
         return res
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` (B, V) from its uniform draw ``u`` (B,): the first token whose
+    cumulative probability reaches u (probability-0 tokens are never chosen)."""
+    cdf = probs.cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def _as_list(x: Any) -> list[Any]:

@@ -28,7 +28,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, derived_seed, eos_token_ids
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, eos_token_ids, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
 
@@ -110,7 +110,7 @@ class ServerEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         t0 = time.perf_counter()
         _ = self.model  # fail early, once, when the server is unreachable
-        jobs = [([int(t) for t in pr], None if params.seed is None else derived_seed(params.seed, i, params.n)) for i, pr in enumerate(prompts)]
+        jobs = [([int(t) for t in pr], seed) for pr, seed in zip(prompts, prompt_seeds(params, len(prompts)))]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, max(1, len(jobs)))) as pool:
             grouped = list(pool.map(lambda j: self._one(j[0], params, j[1]), jobs))
         n_tok = sum(len(c.token_ids) for g in grouped for c in g)

@@ -49,7 +49,7 @@ import os
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, derived_seed, eos_token_ids, model_config
+from reasonrl.engines.base import Completion, GenerationStats, SamplingParams, eos_token_ids, model_config, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
@@ -196,10 +196,11 @@ class VLLMEngine:
                                 "lower --max-prompt-len (longer prompts are skipped) or raise the model length")
         inputs = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
         sp: Any
-        if params.seed is None:
+        seeds = prompt_seeds(params, len(prompts))
+        if seeds[0] is None:
             sp = self._sampling(params, None)
         else:
-            sp = [self._sampling(params, derived_seed(params.seed, i, params.n)) for i in range(len(prompts))]
+            sp = [self._sampling(params, s) for s in seeds]
         # One call for all prompts: vLLM's scheduler batches every sequence (continuous batching).
         outs = self.llm.generate(inputs, sp, use_tqdm=False)
         grouped: list[list[Completion]] = []

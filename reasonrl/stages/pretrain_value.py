@@ -120,10 +120,10 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
         before = _picture(learner, held_st, cfg.group_size)
         console.print(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts) | before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
         for step in range(1, cfg.steps + 1):
-            col = collector.collect(cfg.prompts_per_step, dynamic=False)
+            col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)
             if not col.groups:
                 continue
-            st = learner.prepare(col.groups)
+            st = learner.prepare(col.groups, step=step)
             learner.advantages(st, group_size=cfg.group_size)
             m = {"step": step, **rollout_metrics(col, st), **learner.update_critic(st)}
             critic_backend.scheduler_step()

@@ -130,6 +130,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint
     from reasonrl.train.collector import Collector, DataStream
     from reasonrl.train.learner import Learner
+    from reasonrl.train.ranks import Ranks
     from reasonrl.train.metrics import append_jsonl, flatten_metrics, log_line
     from reasonrl.train.step import train_step
 
@@ -202,20 +203,21 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         engine.update_weights(policy_backend.full_state_dict())
     sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
     scorer = RewardScorer()
+    ranks = Ranks(rank, world)
     collector = Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, sampling=sampling,
                           max_prompt_len=cfg.max_prompt_len, overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample,
-                          max_rounds=cfg.max_gen_rounds, rank=rank, world=world)
+                          max_rounds=cfg.max_gen_rounds, seed=cfg.seed, ranks=ranks)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     learner = Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref,
                       sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
                       max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
-                      ppo_epochs=cfg.ppo_epochs, dtype=dtype, seed=cfg.seed + start, rank=rank, world=world)
+                      ppo_epochs=cfg.ppo_epochs, dtype=dtype, seed=cfg.seed, ranks=ranks)
     if rank == 0:
         write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
     perf = None if cfg.peak_flops == 0 else StepPerf.for_model(
         policy.config, dtype=dtype, device=device, peak_flops=cfg.peak_flops, group_size=cfg.group_size, epochs=cfg.ppo_epochs,
-        mini_batch_size=max(1, cfg.mini_batch_size // world), critic=critic_backend is not None, ref=ref is not None)
+        mini_batch_size=max(1, cfg.mini_batch_size // world), critic=critic_backend is not None, ref=ref is not None, world=world)
     history: list[dict[str, Any]] = []
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 

@@ -1,15 +1,28 @@
 """Collecting a step's batch: rollouts, rule rewards, the soft overlong punishment and dynamic
-sampling (DAPO §3.2, eq. 11).
+sampling (DAPO §3.2, eq. 11), over all ranks as one step.
 
 One call of :meth:`Collector.collect` generates ``G`` responses for each prompt it takes from the
 data stream, scores them, adds DAPO's eq. 13 punishment to the reward when the algo uses it, and,
 with dynamic sampling, drops the groups that are all correct or all wrong and generates again
 (over-sampling by ``oversample``) until the batch holds the prompts asked for or the round cap is
 hit. Which of these run is decided by the algo's row (``reasonrl.algos.ALGOS``), never by its name.
+
+Several ranks: every rank draws the same global rows from one data stream (so one stream state
+describes them all) and generates its share, ``rows[rank::world]``; the ranks then agree (one
+gather of each group's correctness) on which groups are kept: the first informative groups in draw
+order, whichever rank generated them. The kept groups are then redistributed so every rank trains
+on an equal share: a rank keeps its own up to the share, the surplus moves to ranks that are short,
+and when the total does not divide, the short ranks get a padding copy (no loss, no metric) rather
+than any informative group being thrown away.
+
+Every random stream is derived, not carried: prompt ``p`` of round ``r`` of step ``s`` samples with
+seed ``mix(seed, s, r, draw index)`` (the engine's per-request seeds), so a resumed run draws the
+same tokens as an uninterrupted one and no rank's tokens depend on another's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -20,6 +33,7 @@ import torch
 from reasonrl import algos as A
 from reasonrl.engines.base import SamplingParams
 from reasonrl.samples import RolloutStats, Sample, generate_rollouts
+from reasonrl.train.ranks import Ranks, mix
 
 
 class DataStream:
@@ -33,6 +47,11 @@ class DataStream:
         order = list(range(len(self.rows)))
         random.Random(self.seed * 100003 + self.epoch).shuffle(order)
         return order
+
+    @property
+    def drawn(self) -> int:
+        """How many rows were drawn so far (the next row's draw index)."""
+        return self.epoch * len(self.rows) + self.pos
 
     def take(self, k: int) -> tuple[list[dict[str, Any]], list[int]]:
         out, idx = [], []
@@ -56,16 +75,23 @@ class DataStream:
 
 @dataclass
 class Collected:
-    """One step's collection: the kept groups and every response generated on the way."""
+    """One step's collection. ``groups``: this rank's share of the kept groups (padding copies
+    included); ``generated``: every response this rank sampled, kept or not. The counts are global."""
 
     groups: list[list[Sample]]
     stats: RolloutStats
-    generated: list[Sample] = field(default_factory=list)  # every response sampled this step, kept or not
+    generated: list[Sample] = field(default_factory=list)
     rounds: int = 0
+    wanted: int = 0  # groups asked for, over all ranks
     generated_groups: int = 0
     kept_groups: int = 0
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
+
+    @property
+    def short(self) -> bool:
+        """Dynamic sampling stopped at its round cap with fewer groups than wanted."""
+        return self.kept_groups < self.wanted
 
 
 def shape_rewards(groups: list[list[Sample]], *, overlong_penalty: bool, max_len: int, cache_len: int) -> None:
@@ -79,58 +105,93 @@ def shape_rewards(groups: list[list[Sample]], *, overlong_penalty: bool, max_len
 
 
 class Collector:
-    """Rollout → reward → dynamic sampling, for one rank's share of the prompts.
+    """Rollout → reward → dynamic sampling, for the whole run (this rank generates its share).
 
     Args:
         spec: the algo's row (dynamic_sampling, overlong_penalty are read from it).
         engine, tokenizer, scorer: generation and the rule reward.
-        stream: where prompts come from.
+        stream: where prompts come from (the same on every rank).
         sampling: G (``n``), temperature, top-p/k, L_max (``max_tokens``).
         overlong_cache_len: L_cache of eq. 13.
         oversample, max_rounds: dynamic sampling's over-sampling factor and round cap.
-        rank, world: this process's share of each round's prompts is ``rows[rank::world]``.
+        seed: the run's seed (every sampling seed derives from it).
+        ranks: this process among the run's processes.
     """
 
     def __init__(self, *, spec: A.AlgoSpec, engine: Any, tokenizer: Any, scorer: Any, stream: DataStream, sampling: SamplingParams,
-                 max_prompt_len: int, overlong_cache_len: int, oversample: float = 1.0, max_rounds: int = 1, rank: int = 0,
-                 world: int = 1) -> None:
+                 max_prompt_len: int, overlong_cache_len: int, oversample: float = 1.0, max_rounds: int = 1, seed: int = 0,
+                 ranks: Ranks | None = None) -> None:
         self.spec, self.engine, self.tok, self.scorer, self.stream = spec, engine, tokenizer, scorer, stream
         self.sampling, self.max_prompt_len, self.cache_len = sampling, max_prompt_len, overlong_cache_len
-        self.oversample, self.max_rounds, self.rank, self.world = oversample, max_rounds, rank, world
-        self._group_counter = 0
+        self.oversample, self.max_rounds, self.seed = oversample, max_rounds, seed
+        self.ranks = ranks or Ranks()
 
-    def collect(self, n_prompts: int, *, dynamic: bool | None = None) -> Collected:
-        """Generate until ``n_prompts`` groups are kept (or the round cap is hit)."""
+    def collect(self, n_prompts: int, *, step: int = 0, dynamic: bool | None = None) -> Collected:
+        """Generate until ``n_prompts`` groups (over all ranks) are kept, or the round cap is hit."""
         dynamic = self.spec.dynamic_sampling if dynamic is None else dynamic
-        out = Collected(groups=[], stats=RolloutStats())
+        rank, world = self.ranks.rank, self.ranks.world
+        out = Collected(groups=[], stats=RolloutStats(), wanted=n_prompts)
+        mine: dict[int, list[Sample]] = {}  # draw index → this rank's kept groups
+        selected: list[tuple[int, int]] = []  # (draw index, generating rank) of the kept groups, in draw order
         need = n_prompts
         while need > 0 and out.rounds < (self.max_rounds if dynamic else 1):
             k = math.ceil(need * (self.oversample if dynamic else 1.0))
-            rows, idx = self.stream.take(k * self.world)
-            rows, idx = rows[self.rank :: self.world], idx[self.rank :: self.world]
-            groups, st = generate_rollouts(self.engine, self.tok, self.scorer, rows, self.sampling, max_prompt_len=self.max_prompt_len,
-                                           group_offset=self._group_counter)
-            self._group_counter += len(groups)
+            start = self.stream.drawn
+            rows, _ = self.stream.take(k)
+            share = list(range(rank, k, world))
+            draws = [start + p for p in share]
+            params = dataclasses.replace(self.sampling, seeds=tuple(mix(self.seed, step, out.rounds, d) for d in draws))
+            groups, st = generate_rollouts(self.engine, self.tok, self.scorer, [rows[p] for p in share], params,
+                                           max_prompt_len=self.max_prompt_len, group_ids=draws)
             out.stats.merge(st)
             out.rounds += 1
-            out.generated_groups += len(groups)
             shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
             out.generated.extend(s for g in groups for s in g)
-            if dynamic and groups:
-                correct = torch.tensor([[s.correct for s in g] for g in groups], dtype=torch.bool)
-                keep = A.informative_groups(correct)
-                n_corr = correct.sum(1)
-                out.dropped_all_correct += int((n_corr == correct.shape[1]).sum())
-                out.dropped_all_wrong += int((n_corr == 0).sum())
-                for g, k_ in zip(groups, keep.tolist()):
-                    for smp in g:
-                        smp.kept = bool(k_)
-                groups = [g for g, k_ in zip(groups, keep.tolist()) if k_]
-            out.groups.extend(groups)
-            need = n_prompts - len(out.groups)
-        for g in out.groups[n_prompts:]:
+            # Agree on what was generated: (draw index, rank, #correct, G) of every group.
+            facts = [(g[0].group, rank, sum(s.correct for s in g), len(g)) for g in groups]
+            everyone = sorted(f for part in self.ranks.gather(facts) for f in part)
+            out.generated_groups += len(everyone)
+            for draw, owner, n_corr, size in everyone:
+                informative = 0 < n_corr < size
+                if dynamic and not informative:
+                    out.dropped_all_correct += int(n_corr == size)
+                    out.dropped_all_wrong += int(n_corr == 0)
+                    continue
+                if len(selected) < n_prompts:
+                    selected.append((draw, owner))
+            for g in groups:
+                mine[g[0].group] = g
+            need = n_prompts - len(selected)
+        chosen = {d for d, _ in selected}
+        for g in mine.values():
             for smp in g:
-                smp.kept = False
-        out.groups = out.groups[:n_prompts]
-        out.kept_groups = len(out.groups)
+                smp.kept = g[0].group in chosen
+        out.kept_groups = len(selected)
+        out.groups = self._share(selected, mine)
         return out
+
+    def _share(self, selected: list[tuple[int, int]], mine: dict[int, list[Sample]]) -> list[list[Sample]]:
+        """This rank's equal share of the kept groups (see the module doc)."""
+        rank, world = self.ranks.rank, self.ranks.world
+        own = [mine[d] for d, r in selected if r == rank]
+        if world == 1 or not selected:
+            return own
+        quota = math.ceil(len(selected) / world)
+        counts = [sum(1 for _, r in selected if r == q) for q in range(world)]
+        surplus = own[quota:]
+        # Surplus groups, and one template group for padding, cross ranks only when needed.
+        template = mine[selected[0][0]] if selected[0][1] == rank else None
+        gathered = self.ranks.gather((surplus, template))
+        pool = sorted((g for part, _ in gathered for g in part), key=lambda g: g[0].group)
+        template = next(t for _, t in gathered if t is not None)
+        share = own[:quota]
+        # Ranks that are short take the surplus in rank order.
+        short = [q for q in range(world) if counts[q] < quota]
+        for q in short:
+            take = quota - counts[q]
+            got, pool = pool[:take], pool[take:]
+            if q == rank:
+                share += got
+        while len(share) < quota:
+            share.append([dataclasses.replace(s, pad=True, kept=False) for s in template])
+        return share

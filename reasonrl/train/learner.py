@@ -18,6 +18,7 @@ from reasonrl.algos.metrics import clip_by_prob_bucket
 from reasonrl.devices import autocast_ctx
 from reasonrl.samples import Sample
 from reasonrl.train.batch import Batch, build_batch, response_logits, response_values
+from reasonrl.train.ranks import Ranks, mix
 
 
 @dataclass
@@ -51,19 +52,21 @@ class Learner:
         pad_id: the tokenizer's pad id.
         max_len: L_max, the generation cap (the constant of "seq-mean-token-sum-norm").
         micro_batch_size, mini_batch_size: per process; ppo_epochs: passes over the batch.
-        seed: seeds the mini-batch shuffle.
-        rank, world: this process and the number of processes (loss normalisation is global).
+        seed: the run's seed; step k's mini-batch shuffle is seeded by (seed, k, rank).
+        ranks: this process among the run's processes (loss normalisation and metrics are global).
     """
 
     def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module, policy_backend: Any, critic_backend: Any,
                  ref_model: torch.nn.Module | None, sampling: A.Sampling, pad_id: int, max_len: int, micro_batch_size: int,
-                 mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, rank: int = 0, world: int = 1) -> None:
+                 mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, ranks: Ranks | None = None) -> None:
         self.spec, self.policy, self.policy_backend, self.critic_backend, self.ref_model = spec, policy, policy_backend, critic_backend, ref_model
         self.sampling = sampling
         self.pad_id, self.max_len = pad_id, max_len
         self.micro, self.mini, self.epochs, self.dtype = micro_batch_size, mini_batch_size, ppo_epochs, dtype
-        self.rank, self.world = rank, world
-        self.gen = torch.Generator().manual_seed(seed + 7919 * rank)
+        self.ranks = ranks or Ranks()
+        self.rank, self.world = self.ranks.rank, self.ranks.world
+        self.seed = seed
+        self.gen = torch.Generator().manual_seed(mix(seed, 0, self.rank))
 
     @property
     def device(self) -> torch.device:
@@ -75,10 +78,14 @@ class Learner:
         return [list(range(i, min(i + self.micro, n))) for i in range(0, n, self.micro)]
 
     @torch.no_grad()
-    def prepare(self, groups: list[list[Sample]]) -> StepTensors:
+    def prepare(self, groups: list[list[Sample]], *, step: int = 0) -> StepTensors:
+        """Old log-probs, entropy, values (and reference log-probs) of the batch, under the current
+        weights; the mismatch with the sampler's log-probs. Padding copies get no valid token."""
+        self.gen = torch.Generator().manual_seed(mix(self.seed, step, self.rank))  # this step's mini-batch order
         flat = [s for g in groups for s in g]
-        loss_rows = [not (self.spec.overlong_filter and s.truncated) for s in flat]
+        loss_rows = [not (s.pad or (self.spec.overlong_filter and s.truncated)) for s in flat]
         batch = build_batch([s.prompt_ids for s in flat], [s.response_ids for s in flat], pad_id=self.pad_id, loss_rows=loss_rows)
+        batch.valid[torch.tensor([s.pad for s in flat], dtype=torch.bool)] = 0.0
         B, T = batch.response_ids.shape
         sampler_logp = torch.zeros(B, T)
         for i, smp in enumerate(flat):
@@ -109,7 +116,7 @@ class Learner:
         correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
         st = StepTensors(batch, old_logp, entropy, rewards, correct, sampler_logp, values, ref_logp)
         # The rollout/trainer gap over the loss tokens, always; corrected when the row asks (TIS).
-        st.metrics = {f"rollout/{k}": v for k, v in A.mismatch_metrics(old_logp, sampler_logp, batch.mask).items()}
+        st.metrics = self._mismatch(old_logp, sampler_logp, batch.mask)
         if self.spec.tis_cap is not None:
             st.is_weights, tis = A.truncated_is_weights(old_logp, sampler_logp, batch.mask, cap=self.spec.tis_cap, level=self.spec.tis_level)
             st.metrics.update({f"actor/{k}": v for k, v in tis.items()})
@@ -162,15 +169,20 @@ class Learner:
         return res
 
     def _all_sum(self, x: torch.Tensor) -> torch.Tensor:
-        backend = self.policy_backend or self.critic_backend
-        return backend.all_reduce_sum(x.clone()) if backend is not None and self.world > 1 else x
+        return self.ranks.sum(x)
 
     def _all_max(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world <= 1:
-            return x
-        y = x.clone()
-        torch.distributed.all_reduce(y, op=torch.distributed.ReduceOp.MAX)
-        return y
+        return self.ranks.max(x)
+
+    def _mismatch(self, old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """``A.mismatch_metrics`` over every rank's loss tokens."""
+        m = mask.bool()
+        n = float(m.sum())
+        local = A.mismatch_metrics(old_logp, sampler_logp, mask)
+        sums = self.ranks.sum(torch.tensor([local["logprob_diff_mean"] * n, local["mismatch_kl"] * n, n], dtype=torch.float64)).tolist()
+        top = float(self.ranks.max(torch.tensor(local["logprob_diff_max"], dtype=torch.float64)))
+        total = sums[2] or 1.0
+        return {"rollout/logprob_diff_mean": sums[0] / total, "rollout/logprob_diff_max": top, "rollout/mismatch_kl": sums[1] / total}
 
     def update_policy(self, st: StepTensors) -> dict[str, float]:
         s = self.spec

@@ -1,5 +1,5 @@
-"""What a step logs: rollout statistics over every generated response, the kept batch, dynamic
-sampling's counts, VC-PPO's by-position picture; the console line; ``metrics.jsonl``.
+"""What a step logs: rollout statistics over every generated response of every rank, the kept
+batch, dynamic sampling's counts, VC-PPO's by-position picture; the console line; ``metrics.jsonl``.
 
 Names are namespaced the way verl users read them: ``rollout/…`` (what was sampled and scored),
 ``actor/…`` (the policy update), ``critic/…`` (the value model), ``perf/…`` (throughput and time);
@@ -11,35 +11,49 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reasonrl import algos as A
+import torch
+
 from reasonrl.algos.metrics import explained_variance, mean_by_position
 from reasonrl.train.collector import Collected
 from reasonrl.train.learner import StepTensors
+from reasonrl.train.ranks import Ranks
 
 
-def rollout_metrics(col: Collected, st: StepTensors | None) -> dict[str, Any]:
-    """Reward, accuracy and lengths over every response generated this step (dynamic sampling's
-    dropped groups included: that is the policy's real score), plus the kept batch's and the
-    filter's counts."""
-    m: dict[str, Any] = {}
+def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None = None) -> dict[str, Any]:
+    """Reward, accuracy and lengths over every response generated this step by every rank
+    (dynamic sampling's dropped groups included: that is the policy's real score), plus the kept
+    batch's and the filter's counts. Padding copies count nowhere."""
+    ranks = ranks or Ranks()
     gen = col.generated
-    if gen:
-        lens = [s.length for s in gen]
-        prompt_lens = {s.group: len(s.prompt_ids) for s in gen}  # one per group: its samples share the prompt
+    kept = [s for g in col.groups for s in g if not s.pad]
+    ent_sum, ent_n = 0.0, 0.0
+    if st is not None:
+        ent_sum, ent_n = float((st.entropy * st.batch.valid).sum()), float(st.batch.valid.sum())
+    sc = col.stats.scorer
+    prompt_lens = {s.group: len(s.prompt_ids) for s in gen}  # one per group: its samples share the prompt
+    local = [len(gen), sum(s.reward for s in gen), sum(s.shaped_reward for s in gen), sum(s.correct for s in gen),
+             sum(s.length for s in gen), sum(s.truncated for s in gen), sum(s.extracted is None for s in gen), len(kept),
+             sum(s.correct for s in kept), col.stats.gen_tokens, col.stats.skipped_long_prompts, sc.get("timeouts", 0),
+             sc.get("errors", 0), ent_sum, ent_n, sum(prompt_lens.values()), len(prompt_lens)]
+    (n, rew, shaped, corr, lens, trunc, noans, n_kept, kept_corr, tokens, skipped, timeouts, errors, ent_sum, ent_n, plen, n_groups) = (
+        ranks.sum(torch.tensor(local, dtype=torch.float64)).tolist())
+    len_max, gen_s, score_s = ranks.max(torch.tensor([max((s.length for s in gen), default=0), col.stats.gen_seconds,
+                                                      col.stats.score_seconds], dtype=torch.float64)).tolist()
+    m: dict[str, Any] = {}
+    if n:
         m.update({
-            "rollout/reward_mean": sum(s.reward for s in gen) / len(gen),
-            "rollout/shaped_reward_mean": sum(s.shaped_reward for s in gen) / len(gen),
-            "rollout/acc_mean": sum(s.correct for s in gen) / len(gen),
-            "rollout/response_length_mean": sum(lens) / len(lens),
-            "rollout/response_length_max": max(lens),
-            "rollout/prompt_length_mean": sum(prompt_lens.values()) / len(prompt_lens),
-            "rollout/truncated_frac": sum(s.truncated for s in gen) / len(gen),
-            "rollout/no_answer_frac": sum(s.extracted is None for s in gen) / len(gen),
+            "rollout/reward_mean": rew / n,
+            "rollout/shaped_reward_mean": shaped / n,
+            "rollout/acc_mean": corr / n,
+            "rollout/response_length_mean": lens / n,
+            "rollout/response_length_max": int(len_max),
+            "rollout/prompt_length_mean": plen / n_groups,
+            "rollout/truncated_frac": trunc / n,
+            "rollout/no_answer_frac": noans / n,
         })
-    kept = [s for g in col.groups for s in g]
-    if kept:
-        m["rollout/batch_acc_mean"] = sum(s.correct for s in kept) / len(kept)
-        m["rollout/batch_size"] = len(kept)
+    if n_kept:
+        m["rollout/batch_acc_mean"] = kept_corr / n_kept
+        m["rollout/batch_size"] = int(n_kept)
     m.update({
         "rollout/ds_rounds": col.rounds,
         "rollout/ds_generated_groups": col.generated_groups,
@@ -47,16 +61,16 @@ def rollout_metrics(col: Collected, st: StepTensors | None) -> dict[str, Any]:
         "rollout/ds_kept_frac": col.kept_groups / col.generated_groups if col.generated_groups else 0.0,
         "rollout/ds_dropped_all_correct": col.dropped_all_correct,
         "rollout/ds_dropped_all_wrong": col.dropped_all_wrong,
-        "rollout/gen_tokens": col.stats.gen_tokens,
-        "perf/gen_tokens_per_s": col.stats.gen_tokens / col.stats.gen_seconds if col.stats.gen_seconds else 0.0,
-        "perf/generate_s": col.stats.gen_seconds,
-        "perf/score_s": col.stats.score_seconds,
-        "rollout/skipped_long_prompts": col.stats.skipped_long_prompts,
-        "rollout/verifier_timeouts": col.stats.scorer.get("timeouts", 0),
-        "rollout/verifier_errors": col.stats.scorer.get("errors", 0),
+        "rollout/gen_tokens": int(tokens),
+        "perf/gen_tokens_per_s": tokens / gen_s if gen_s else 0.0,
+        "perf/generate_s": gen_s,
+        "perf/score_s": score_s,
+        "rollout/skipped_long_prompts": int(skipped),
+        "rollout/verifier_timeouts": int(timeouts),
+        "rollout/verifier_errors": int(errors),
     })
     if st is not None:
-        m["actor/entropy"] = float(A.masked_mean(st.entropy, st.batch.valid)) if st.batch.valid.sum() > 0 else 0.0
+        m["actor/entropy"] = ent_sum / ent_n if ent_n else 0.0
     return m
 
 

@@ -7,14 +7,11 @@ engine → metrics. Checkpointing is the caller's (``reasonrl.stages.train``).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
-import torch
-
 from reasonrl.errors import ReasonRLError
-from reasonrl.train.collector import Collected, Collector
+from reasonrl.train.collector import Collector
 from reasonrl.train.learner import Learner
 from reasonrl.train.metrics import position_metrics, rollout_metrics
 
@@ -30,19 +27,18 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     t_step = time.perf_counter()
     m: dict[str, Any] = {"step": step}
 
-    # 1. Collect: each rank generates its share of the global prompts_per_step.
-    local = math.ceil(prompts_per_step / learner.world)
-    col = collector.collect(local)
-    agree_on_batch(col, learner.world)
-    if len(col.groups) < local and collector.spec.dynamic_sampling:
+    # 1. Collect: rollout, reward (+ soft overlong punishment), dynamic sampling; all ranks as one
+    #    step, each generating its share and training on an equal share of the kept groups.
+    col = collector.collect(prompts_per_step, step=step)
+    if col.short and collector.spec.dynamic_sampling:
         m["rollout/short_batch"] = 1
         if on_short_batch == "error":
-            raise ReasonRLError(f"step {step}: dynamic sampling kept {len(col.groups)} of {local} groups in {col.rounds} rounds: "
+            raise ReasonRLError(f"step {step}: dynamic sampling kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
                                 "raise --max-gen-rounds or --oversample, or pass --on-short-batch train|skip")
         if on_short_batch == "skip":
             col.groups = []
     if not col.groups:
-        m.update(rollout_metrics(col, None))
+        m.update(rollout_metrics(col, None, collector.ranks))
         m["actor/skipped_update"] = 1
         if learner.policy_backend is not None:
             learner.policy_backend.scheduler_step()
@@ -51,12 +47,12 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
 
     # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights.
     t0 = time.perf_counter()
-    st = learner.prepare(col.groups)
+    st = learner.prepare(col.groups, step=step)
     m["perf/prepare_s"] = time.perf_counter() - t0
     m.update(st.metrics)
     # 3. Advantages.
     learner.advantages(st, group_size=group_size)
-    m.update(rollout_metrics(col, st))
+    m.update(rollout_metrics(col, st, collector.ranks))
     # 4. Updates: the critic, then the policy.
     if learner.critic_backend is not None:
         t1 = time.perf_counter()
@@ -80,17 +76,3 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)
     m["_samples"] = col.generated
     return m
-
-
-def agree_on_batch(col: Collected, world: int) -> None:
-    """Every rank must make the same number of updates: keep the smallest kept count (the groups
-    cut are marked not kept, and the kept count is the one trained on)."""
-    if world <= 1:
-        return
-    n = torch.tensor([len(col.groups)], dtype=torch.long)
-    torch.distributed.all_reduce(n, op=torch.distributed.ReduceOp.MIN)
-    for g in col.groups[int(n):]:
-        for smp in g:
-            smp.kept = False
-    col.groups = col.groups[: int(n)]
-    col.kept_groups = len(col.groups)

@@ -3,6 +3,7 @@ log-probabilities (temperature 0 → log_softmax; sampling → the distribution 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -112,3 +113,17 @@ def test_update_weights_copies_in_place(tiny_dir, prompts) -> None:
     assert torch.equal(eng.model.state_dict()["model.norm.weight"], sd["model.norm.weight"])
     after = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
     assert [g[0].token_ids for g in before] != [g[0].token_ids for g in after]
+
+
+def test_per_request_seeds_do_not_depend_on_the_batch(tiny_dir, prompts) -> None:
+    """Each prompt samples from its own seeded stream: the same tokens alone or next to others,
+    in any order (what an exact resume and a rank-independent draw rely on)."""
+    eng = HFEngine(str(tiny_dir), dtype="fp32", seed=0, batch_size=8)
+    p = SamplingParams(n=2, temperature=1.0, max_tokens=10)
+    together = eng.generate(prompts, dataclasses.replace(p, seeds=(11, 22, 33)))
+    alone = [eng.generate([pr], dataclasses.replace(p, seeds=(s,)))[0] for pr, s in zip(prompts, (11, 22, 33))]
+    reordered = eng.generate(prompts[::-1], dataclasses.replace(p, seeds=(33, 22, 11)))[::-1]
+    ids = lambda out: [[c.token_ids for c in g] for g in out]  # noqa: E731
+    assert ids(together) == ids(alone) == ids(reordered)
+    other = eng.generate(prompts, dataclasses.replace(p, seeds=(12, 22, 33)))
+    assert ids(other)[0] != ids(together)[0] and ids(other)[1:] == ids(together)[1:]

@@ -57,10 +57,11 @@ def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, worl
     from reasonrl.train.learner import Learner
 
     from reasonrl.algos import Sampling
+    from reasonrl.train.ranks import Ranks
 
     return Learner(spec=get_algo("grpo"), policy=model, policy_backend=backend, critic_backend=None, ref_model=None, sampling=Sampling(),
                    pad_id=tok.pad_token_id,
-                   max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, rank=rank, world=world)
+                   max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local, ppo_epochs=EPOCHS, dtype="fp32", seed=0, ranks=Ranks(rank, world))
 
 
 def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:

@@ -68,29 +68,3 @@ def test_critic_micro_batches_add_up_to_the_whole_batch(tiny_model) -> None:
     assert norms[1] == pytest.approx(norms[0], rel=1e-5) and norms[2] == pytest.approx(norms[0], rel=1e-5), norms
 
 
-def _trim_worker(rank: int, world: int, port: int, out: dict) -> None:
-    import torch.distributed as dist
-
-    from reasonrl.samples import RolloutStats
-    from reasonrl.train.collector import Collected
-    from reasonrl.train.step import agree_on_batch
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    groups = _groups(50, n_groups=3 if rank == 0 else 1)
-    col = Collected(groups=list(groups), stats=RolloutStats(), generated=[s for g in groups for s in g], kept_groups=len(groups))
-    agree_on_batch(col, world)
-    out[rank] = (col.kept_groups, len(col.groups), sum(s.kept for s in col.generated))
-    dist.destroy_process_group()
-
-
-def test_cross_rank_trim_counts_what_is_trained_on() -> None:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    mp.spawn(_trim_worker, args=(2, port, out), nprocs=2, join=True)
-    assert out[0] == (1, 1, 4) and out[1] == (1, 1, 4)  # rank 0 kept 3 groups, trained on 1: its ds_kept_groups says 1

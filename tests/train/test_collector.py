@@ -1,0 +1,85 @@
+"""Dynamic sampling across ranks as one step (2 real processes, gloo, the tiny model's real
+generation): every informative group is kept whichever rank generated it, the kept groups are
+shared equally, the stream is one global stream, and the counts are global."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+class RankScript:
+    """A scorer whose verdicts depend on the rank: rank 0's groups are informative (every other
+    response correct), rank 1's are uniform (all wrong). Generation and everything else is real."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def score_batch(self, responses, ground_truths):
+        from reasonrl.rewards import Score, ScoreStats
+
+        scores = [Score.decided("0", self.rank == 0 and i % 2 == 0) for i in range(len(responses))]
+        return scores, ScoreStats(total=len(responses), fast_path=len(responses))
+
+
+def _worker(rank: int, world: int, port: int, model_dir: str, n: int, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from reasonrl.algos import get_algo
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.engines.hf import HFEngine
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.train.collector import Collector, DataStream
+    from reasonrl.train.metrics import rollout_metrics
+    from reasonrl.train.ranks import Ranks
+    from toyhelp import toy_rows
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rows = [{"prompt": [{"role": "user", "content": r["problem"]}], "reward_model": {"ground_truth": r["answer"]}} for r in toy_rows(40, seed=1)]
+    stream = DataStream(rows, seed=0)
+    col = Collector(spec=get_algo("dapo"), engine=HFEngine(model_dir, dtype="fp32", seed=0), tokenizer=load_tokenizer(model_dir),
+                    scorer=RankScript(rank), stream=stream, sampling=SamplingParams(n=4, max_tokens=6), max_prompt_len=256,
+                    overlong_cache_len=2, oversample=1.0, max_rounds=5, seed=0, ranks=Ranks(rank, world)).collect(n, step=1)
+    metrics = rollout_metrics(col, None, Ranks(rank, world))
+    out[rank] = {"share": [g[0].group for g in col.groups], "pads": [g[0].pad for g in col.groups], "kept": col.kept_groups,
+                 "generated": col.generated_groups, "dropped_wrong": col.dropped_all_wrong, "rounds": col.rounds,
+                 "stream": stream.state(), "metrics": {k: v for k, v in metrics.items() if not k.startswith("perf/")}}
+    dist.destroy_process_group()
+
+
+def _run(model_dir, n: int) -> tuple[dict, dict]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_worker, args=(2, port, str(model_dir), n, out), nprocs=2, join=True)
+    return out[0], out[1]
+
+
+def test_two_ranks_keep_every_informative_group(tiny_model) -> None:
+    r0, r1 = _run(tiny_model, 4)
+    # Round 1 draws 4 prompts (rank 0: draws 0, 2 informative; rank 1: 1, 3 uniform), round 2 draws 2
+    # (rank 0: 4), round 3 draws 1 (rank 0: 6): 4 informative groups, all of rank 0's making.
+    assert (r0["rounds"], r0["generated"], r0["kept"], r0["dropped_wrong"]) == (3, 7, 4, 3)
+    assert sorted(r0["share"] + r1["share"]) == [0, 2, 4, 6]  # every informative group is trained on, none twice
+    assert len(r0["share"]) == len(r1["share"]) == 2 and not any(r0["pads"] + r1["pads"])  # equal shares
+    assert r0["stream"] == r1["stream"] == {"epoch": 0, "pos": 7}  # one global stream
+    assert r0["metrics"] == r1["metrics"]  # global metrics, the same on both ranks
+    assert r0["metrics"]["rollout/ds_kept_groups"] == 4 and r0["metrics"]["rollout/batch_size"] == 16
+    assert r0["metrics"]["rollout/acc_mean"] == pytest.approx(8 / 28)  # 4 groups x 2 correct of 7 x 4 responses
+
+
+def test_an_odd_count_is_padded_not_dropped(tiny_model) -> None:
+    r0, r1 = _run(tiny_model, 3)
+    # Draws 0, 2 (round 1) and 3 (round 2) are informative, all rank 0's: rank 0 trains on 0 and 2,
+    # rank 1 on 3 plus a padding copy (no loss), so both ranks make the same updates.
+    assert r0["kept"] == 3 and r0["share"] == [0, 2] and r1["share"][0] == 3
+    assert r0["pads"] == [False, False] and r1["pads"] == [False, True]
+    assert r0["metrics"]["rollout/batch_size"] == 12  # the padding copy counts nowhere
