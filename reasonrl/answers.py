@@ -37,6 +37,10 @@ _INT_RE = re.compile(
 )
 
 
+#: Longer digit strings are not read as integers (they go to math-verify, under its time limit).
+MAX_DIGITS = 4000
+
+
 def strip_answer(text: str) -> str:
     """Remove math delimiters, \\boxed{}, trailing punctuation and surrounding blanks."""
     s = text.strip()
@@ -73,14 +77,16 @@ def parse_integer(text: str | int | float | None) -> int | None:
         return None
     if isinstance(text, int):
         return text
-    if isinstance(text, float):
-        return int(text) if text.is_integer() else None
+    if isinstance(text, float):  # beyond 2**53 a float is not an exact integer (1e23 reads as 99999999999999991611392)
+        return int(text) if text.is_integer() and abs(text) <= 2**53 else None
     s = strip_answer(str(text))
     if not s:
         return None
     m = _INT_RE.match(s)
     if not m:
         return None
-    digits = re.sub(r"[^\d]", "", m.group("num"))
+    digits = re.sub(r"[^\d]", "", m.group("num")).lstrip("0") or "0"
+    if len(digits) > MAX_DIGITS:  # (Python refuses int() of > 4300 digits; no answer is that long)
+        return None
     value = int(digits)
     return -value if m.group("sign") in ("-", "−") else value

@@ -101,11 +101,16 @@ def read_manifest(path: str | Path, *, stage: str, hint: str) -> dict[str, Any]:
 
 
 def prepare_out_dir(out_dir: str | Path, *, overwrite: bool) -> Path:
-    """Create ``out_dir``; refuse to write over a finished artifact unless ``overwrite``."""
+    """Create ``out_dir``; refuse to write over a finished artifact unless ``overwrite``.
+
+    The old manifest goes first, before anything is written: a run killed while it rewrites the
+    outputs never leaves a manifest beside half-written files (so the next stage refuses them).
+    """
     p = Path(out_dir)
     if p.exists() and not p.is_dir():
         raise ReasonRLError(f"output {p} is a file: choose a directory with --out")
     if (p / MANIFEST).exists() and not overwrite:
         raise ReasonRLError(f"{p} already holds a finished artifact: pass --overwrite or choose another --out")
     p.mkdir(parents=True, exist_ok=True)
+    (p / MANIFEST).unlink(missing_ok=True)
     return p

@@ -78,7 +78,8 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
         recipe_path = kwargs.pop("config", None)
         sets = kwargs.pop("set_", None)
         with _user_errors():
-            recipe = recipe_layer(load_recipe(recipe_path), stage or name, cls)
+            stages = sorted({c.name for c in app.registered_commands if c.name and not c.hidden} | {"eval"})
+            recipe = recipe_layer(load_recipe(recipe_path), stage or name, cls, stages)
             explicit = {k: v for k, v in kwargs.items() if v is not None and v != []}
             cfg = build_config(cls, recipe, parse_sets(sets), explicit, fixed)
             run(cfg)

@@ -103,7 +103,7 @@ def coerce(cls: type, key: str, value: Any) -> Any:
                 value = [v.strip() for v in value.split(",") if v.strip()]
             if not isinstance(value, list):
                 raise ValueError
-            return [inner(v) for v in value]
+            return [inner(v) for v in value if not (isinstance(v, str) and not v.strip())]  # "" is no entry
     except (TypeError, ValueError):
         raise ReasonRLError(
             f"'{key}' must be a {getattr(tp, '__name__', str(tp))}, got {value!r}: fix the recipe or --set {key}=..."
@@ -182,11 +182,17 @@ def build_config(cls: type[T], *layers: dict[str, Any]) -> T:
         raise ReasonRLError(str(e)) from None
 
 
-def recipe_layer(recipe: dict[str, Any], stage: str, cls: type | None = None) -> dict[str, Any]:
+def recipe_layer(recipe: dict[str, Any], stage: str, cls: type | None = None, stages: Any = None) -> dict[str, Any]:
     """A recipe may be flat or hold ``[stage]`` tables; take the flat keys plus this stage's table.
 
-    Tables named after a section of ``cls`` (e.g. ``[algo]``) are kept as keys."""
+    Tables named after a section of ``cls`` (e.g. ``[algo]``) are kept as keys. With ``stages``
+    (every stage name), a table that names no stage and no section is an error (a misspelled
+    ``[trian]`` is never silently ignored)."""
     kept = {f.metadata["table"] for f in sections(cls)} if cls is not None else set()
+    if stages is not None:
+        unknown = [k for k, v in recipe.items() if isinstance(v, dict) and k not in kept and k not in stages]
+        if unknown:
+            raise ReasonRLError(f"recipe table [{unknown[0]}] names no stage: use one of {', '.join(f'[{s}]' for s in stages)}")
     flat = {k: v for k, v in recipe.items() if not isinstance(v, dict) or k in kept}
     table = recipe.get(stage, {})
     if table and not isinstance(table, dict):

@@ -18,6 +18,7 @@ is a *bad row*: :class:`BadRow` names its file and line.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,6 +227,14 @@ class Fields:
     data_source: str | None
 
 
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class NoAnswer(Exception):
     """The record has an answer field, but no answer in it (a solution without ``\\boxed{}``)."""
 
@@ -251,6 +260,8 @@ def extract_fields(rec: Record, *, problem_field: str | None = None, answer_fiel
         problem = _chat_problem(problem, data)
     if not isinstance(problem, str) or not problem.strip():
         raise BadRow(rec.source, rec.where, "the problem is empty or not text")
+    if not _valid_unicode(problem):
+        raise BadRow(rec.source, rec.where, "the problem is not valid Unicode (a lone surrogate such as \\ud800): fix the text")
     context = data.get("context") if not problem_field else None
     if isinstance(context, str) and context.strip() and context.strip() not in problem:
         problem = context.strip() + "\n\n" + problem
@@ -264,6 +275,10 @@ def extract_fields(rec: Record, *, problem_field: str | None = None, answer_fiel
         if answer_field:
             raise BadRow(rec.source, rec.where, f"no '{answer_field}' field (from --answer-field)")
         raise BadRow(rec.source, rec.where, f"no answer field (looked for {', '.join(ANSWER_FIELDS)}); pass --answer-field NAME")
+    if answer is None or (isinstance(answer, float) and not math.isfinite(answer)):
+        raise NoAnswer(f"{name} is {answer!r}")
+    if isinstance(answer, str) and not _valid_unicode(answer):
+        raise BadRow(rec.source, rec.where, "the answer is not valid Unicode (a lone surrogate such as \\ud800): fix the text")
     if isinstance(answer, str):
         if "####" in answer:  # GSM8K: reasoning, then "#### N"
             answer = answer.rsplit("####", 1)[1].strip()

@@ -381,8 +381,10 @@ def integerize(problem: str, answer: object, *, rewriter: Rewriter | None = None
     if isinstance(ans, int):
         return IntegerProblem(problem, int(ans), "integer")
     if isinstance(ans, float):
-        if ans.is_integer():
+        if ans.is_integer() and abs(ans) <= 2**53:
             return IntegerProblem(problem, int(ans), "integer")
+        if ans.is_integer():  # 1e23 is not exactly an integer: int(1e23) = 99999999999999991611392
+            return Refusal("too_large", f"{ans!r} is a float beyond 2**53, not an exact integer: store the answer as an integer or a string")
         return Refusal("decimal", repr(ans))
     raw = str(ans)
     try:

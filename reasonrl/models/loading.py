@@ -77,6 +77,22 @@ def resolve_model(name: str | os.PathLike | None) -> Path:
     return p
 
 
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def check_weights(path: str | os.PathLike, allow_pickle: bool = False) -> Path:
+    """Refuse a model directory whose weights exist only as pickle files (loading a pickle can run
+    arbitrary code) unless ``allow_pickle``; safetensors are always fine. Returns the path."""
+    p = Path(path)
+    if allow_pickle or any(p.glob("*.safetensors")):
+        return p
+    pickled = sorted(f.name for pat in PICKLE_WEIGHTS for f in p.glob(pat))
+    if pickled:
+        raise ReasonRLError(f"{p} holds weights only as pickle files ({', '.join(pickled[:3])}), which can run code when loaded: "
+                            "convert them to safetensors, or pass --allow-pickle if you trust the source")
+    return p
+
+
 def resolve_policy(model: str | os.PathLike) -> Path:
     """A policy: an HF model directory, "default", or a finished train run (its ``policy/``)."""
     p = Path(model)

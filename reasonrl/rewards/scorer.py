@@ -92,6 +92,7 @@ def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None) -> No
     """
     import signal
 
+    _die_with_parent()
     try:
         # Ctrl-C reaches the whole process group; the parent decides what happens to workers.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -108,6 +109,21 @@ def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None) -> No
             barrier.wait(wait_s)
         except Exception:  # noqa: BLE001 - broken/timed-out barrier: carry on
             pass
+
+
+def _die_with_parent(period_s: float = 0.5) -> None:
+    """End this worker when its parent is gone (SIGKILLed parents run no cleanup): a daemon thread
+    watches the parent pid. (Not prctl's PDEATHSIG: that fires when the *thread* that started the
+    worker ends, and the scorer may be used from short-lived threads.)"""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="reasonrl-parent-watch", daemon=True).start()
 
 
 def _worker_ping() -> int:
@@ -288,7 +304,10 @@ class RewardScorer:
                 scores[i] = Score.failed(None, "no_answer")
                 stats.no_answer += 1
                 continue
-            rule = decide_by_rule(extracted, gt)
+            try:
+                rule = decide_by_rule(extracted, gt)
+            except Exception:  # noqa: BLE001 - never raise for an item: send it to the verifier pool
+                rule = None
             if rule is not None:
                 scores[i] = Score.decided(extracted, rule)
                 stats.fast_path += 1

@@ -12,6 +12,7 @@ and prints a rich table. DAPO's AIME settings: n = 32, temperature 1.0, top_p 0.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,8 @@ class EvalConfig(ModelOpts):
     def __post_init__(self) -> None:
         self._check_model()
         check(self.n >= 1, "n must be >= 1")
-        check(self.temperature >= 0 and 0 < self.top_p <= 1, "temperature must be >= 0 and top_p in (0, 1]")
+        check(0 <= self.temperature < math.inf and 0 < self.top_p <= 1, "temperature must be finite and >= 0, and top_p in (0, 1]")
+        check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         check(self.max_response_len >= 1, "max_response_len must be >= 1")
         check(self.max_problems is None or self.max_problems >= 1, "max_problems must be >= 1")
         from reasonrl.data.templates import ALL_TEMPLATES
@@ -89,8 +91,10 @@ def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
         for rec in read_records(f, skip_bad_rows=False, bad=bad):
             try:
                 fields = extract_fields(rec)
-            except (BadRow, NoAnswer) as e:
+            except BadRow as e:
                 raise ReasonRLError(f"{e}: every evaluation row needs a problem and an answer") from None
+            except NoAnswer as e:
+                raise ReasonRLError(f"{f.name} {rec.where}: {e}: every evaluation row needs an answer") from None
             rows.append({
                 "prompt": messages_for(template, fields.problem),
                 "reward_model": {"style": "rule", "ground_truth": str(fields.answer)},

@@ -86,6 +86,8 @@ def _resolve_eval(name: str) -> tuple[str, list[Path]]:
 
     if name in EVAL_SETS:
         return name, EVAL_SETS[name].paths()
+    if not name.strip():
+        raise ReasonRLError("an empty decontamination set name: pass set names or paths, or [] to skip")
     p = Path(name)
     if not p.exists():
         known = ", ".join(EVAL_SETS)
@@ -224,6 +226,9 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     out_path = Path(cfg.out)
     if out_path.exists() and not out_path.is_dir():
         raise ReasonRLError(f"output {out_path} is a file: choose a directory with --out")
+    inside = [f for _, f in files if out_path.resolve() in f.resolve().parents]
+    if inside:
+        raise ReasonRLError(f"--out {out_path} holds the input {inside[0]}: writing there could overwrite it; choose another --out")
     if (out_path / MANIFEST).exists() and not cfg.overwrite:
         raise ReasonRLError(f"{out_path} already holds a finished artifact: pass --overwrite or choose another --out")
 

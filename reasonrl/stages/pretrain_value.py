@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,7 +71,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from reasonrl.devices import resolve_dtype
     from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
-    from reasonrl.models.loading import load_causal_lm, load_tokenizer, resolve_policy
+    from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.models.value import new_value_model
     from reasonrl.rewards import RewardScorer
     from reasonrl.train.backend import TorchBackend
@@ -87,8 +86,8 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     except Exception:  # noqa: BLE001 - a data dir without validation split: hold out from train
         val_rows = []
     val_rows = val_rows or rows[: cfg.eval_prompts]
-    policy_dir = resolve_policy(cfg.model)
-    init_dir = Path(cfg.critic_init) if cfg.critic_init else policy_dir
+    policy_dir = cfg.policy_dir()
+    init_dir = check_weights(cfg.critic_init, cfg.allow_pickle) if cfg.critic_init else policy_dir
     out = prepare_out_dir(cfg.out, overwrite=cfg.overwrite)
     (out / "metrics.jsonl").unlink(missing_ok=True)
     torch.manual_seed(cfg.seed)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from reasonrl import algos as A
-from reasonrl.artifacts import prepare_out_dir, read_manifest, write_json, write_manifest
+from reasonrl.artifacts import read_manifest, write_json, write_manifest
 from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
@@ -55,6 +55,8 @@ class TrainConfig(ModelOpts, SamplingOpts):
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
     save_every: int = opt(0, "Save a checkpoint every N steps (0: only at the end).")
+    keep_last: int = opt(0, "Keep only the newest N checkpoints (0: keep all).")
+    max_bad_steps: int = opt(3, "Divergence guard: a step whose loss, gradient norm or values are not finite makes no update; after this many in a row the run stops with an error (the last good checkpoint stays the latest).")
     keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
     resume: bool = opt(False, "Continue from the latest checkpoint in out/.")
     overwrite: bool = opt(False, "Replace a finished run in out/.")
@@ -70,8 +72,12 @@ class TrainConfig(ModelOpts, SamplingOpts):
         check(self.mini_batch_size >= 1 and self.micro_batch_size >= 1, "mini_batch_size and micro_batch_size must be >= 1")
         check(self.micro_batch_size <= self.mini_batch_size, f"micro_batch_size ({self.micro_batch_size}) cannot exceed mini_batch_size ({self.mini_batch_size}): lower --micro-batch-size")
         check(self.ppo_epochs >= 1, "ppo_epochs must be >= 1")
-        check(self.lr > 0 and self.critic_lr > 0, "lr and critic_lr must be > 0")
-        check(self.oversample >= 1.0, "oversample must be >= 1.0")
+        check(0 < self.lr < math.inf and 0 < self.critic_lr < math.inf, "lr and critic_lr must be finite and > 0")
+        check(0 <= self.weight_decay < math.inf, "weight_decay must be finite and >= 0")
+        check(0 <= self.grad_clip < math.inf, "grad_clip must be finite and >= 0 (0 = off)")
+        check(self.warmup_steps >= 0, "warmup_steps must be >= 0")
+        check(self.keep_last >= 0 and self.max_bad_steps >= 1, "keep_last must be >= 0 and max_bad_steps >= 1")
+        check(1.0 <= self.oversample < math.inf, "oversample must be finite and >= 1.0")
         check(self.max_gen_rounds >= 1, "max_gen_rounds must be >= 1")
         check(self.on_short_batch in ("train", "skip", "error"), f"on_short_batch must be train, skip or error, got '{self.on_short_batch}'")
         check(self.temperature > 0, "temperature must be > 0 to train: the policy gradient scores each token under the sampling distribution, "
@@ -106,6 +112,10 @@ def critic_dir(path: str | Path) -> Path:
         read_manifest(p, stage="pretrain-value", hint=f"reasonrl pretrain-value --out {p}")
         return p / "critic"
     if (p / "config.json").is_file():
+        arch = json.loads((p / "config.json").read_text()).get("architectures") or []
+        if not any(a.endswith("ForTokenClassification") for a in arch):
+            raise ReasonRLError(f"{p} is not a value model ({', '.join(arch) or 'no architecture'}): a critic has a scalar head; "
+                                f"make one with `reasonrl pretrain-value --out DIR` and pass --critic DIR")
         return p
     raise MissingArtifactError(f"{p} holds no critic: run `reasonrl pretrain-value --out {p}` first")
 
@@ -119,15 +129,37 @@ def make_backend(cfg: TrainConfig, model: torch.nn.Module, lr: float, dtype: str
     return TorchBackend(model, lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
 
 
+def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, console: Any) -> list[dict[str, Any]]:
+    """The rows whose chat prompt fits ``max_prompt_len`` tokens; the others are dropped and counted
+    once, up front (a run where none fits is an error, not a run that trains on nothing)."""
+    from reasonrl.samples import prompt_text
+
+    fit = [r for r in rows if len(tokenizer(prompt_text(r, tokenizer), add_special_tokens=False)["input_ids"]) <= max_prompt_len]
+    if not fit:
+        raise ReasonRLError(f"every one of the {len(rows)} prompts is longer than --max-prompt-len {max_prompt_len} tokens: raise it")
+    if len(fit) < len(rows) and console is not None:
+        console.print(f"[yellow]{len(rows) - len(fit)} of {len(rows)} prompts are longer than --max-prompt-len {max_prompt_len}: skipped[/]")
+    return fit
+
+
+def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig, last: Path | None) -> str:
+    """The one-line error of the divergence guard: the step, the metric, what to try."""
+    which = next((k for k in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
+                  if k in m and not math.isfinite(float(m[k]))), "a non-finite value")
+    ckpt = f"the last good checkpoint is {last.name}" if last is not None else "no checkpoint was written"
+    return (f"training diverged: {which} was not finite for {bad} steps in a row (up to step {step}, lr {cfg.lr:g}); the run stops, "
+            f"{ckpt}; try a lower --lr or a --grad-clip, then --resume")
+
+
 def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
     from reasonrl.data import load_prepared
     from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
-    from reasonrl.models.loading import load_causal_lm, load_tokenizer, resolve_policy
+    from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.rewards import RewardScorer
-    from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint
+    from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint, start_run
     from reasonrl.train.collector import Collector, DataStream
     from reasonrl.train.learner import Learner
     from reasonrl.train.ranks import Ranks
@@ -141,11 +173,11 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     rows = load_prepared(cfg.data, "train")
     if not rows:
         raise ReasonRLError(f"{cfg.data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
-    policy_dir = resolve_policy(cfg.model)
+    policy_dir = cfg.policy_dir()
     cdir: Path | None = None
     if spec.use_critic:
         if cfg.critic:
-            cdir = critic_dir(cfg.critic)
+            cdir = check_weights(critic_dir(cfg.critic), cfg.allow_pickle)
         elif spec.pretrained_critic_required:
             raise MissingArtifactError(f"--algo {cfg.algo} needs a pretrained critic: run `reasonrl pretrain-value` first and pass --critic runs/critic")
     elif cfg.critic:
@@ -156,20 +188,13 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         from reasonrl.train.ds_backend import init_distributed
 
         rank, world = init_distributed()
+    rows = fitting_prompts(rows, load_tokenizer(policy_dir), cfg.max_prompt_len, console if rank == 0 else None)
     ckpt = None
-    if cfg.resume:
-        ckpt = latest_checkpoint(out)
-        if ckpt is None:
-            raise ReasonRLError(f"--resume: no checkpoint in {out}/checkpoints: run without --resume (or check --out)")
-    elif rank == 0:
-        prepare_out_dir(out, overwrite=cfg.overwrite)
-        for sub in ("checkpoints", "rollouts", "policy"):
-            shutil.rmtree(out / sub, ignore_errors=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    if rank == 0:
+        ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=to_dict(cfg))
     if world > 1:
         torch.distributed.barrier()
-
-    random.seed(cfg.seed + rank)
+        ckpt = latest_checkpoint(out) if cfg.resume else None
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype)
     tok = load_tokenizer(policy_dir)
@@ -198,7 +223,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         torch.set_rng_state(rng["torch"])
         console.print(f"resumed from {ckpt} (step {start})")
 
-    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed + rank, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     if ckpt:
         engine.update_weights(policy_backend.full_state_dict())
     sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
@@ -224,11 +249,13 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=console, disable=rank != 0, transient=True)
     task = progress.add_task(f"--algo {cfg.algo}", total=cfg.steps, completed=start)
+    bad_steps = 0
     try:
         progress.start()
         for step in range(start + 1, cfg.steps + 1):
             m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                            on_short_batch=cfg.on_short_batch, perf=perf)
+            bad_steps = bad_steps + 1 if m.get("actor/bad_step") else 0
             samples = m.pop("_samples", [])
             history.append(m)
             progress.advance(task)
@@ -244,18 +271,23 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
                     from reasonrl.samples import write_rollouts
 
                     write_rollouts(out / "rollouts" / f"step_{step}.parquet", samples, step=step)
-            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+            if bad_steps >= cfg.max_bad_steps:
+                raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
+            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps) and not bad_steps:
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
-                                data_state=stream.state(), rank=rank, world=world)
+                                data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last)
     finally:
         progress.stop()
         scorer.close()
         engine.close()
     if rank == 0:
-        final = out / "checkpoints" / f"step_{cfg.steps}" / "policy"
+        final = latest_checkpoint(out)
+        if final is None or final.name != f"step_{cfg.steps}":
+            raise ReasonRLError(f"step {cfg.steps} made no update (non-finite values): no final policy written; "
+                                f"the last good checkpoint is {final}; lower --lr and --resume")
         if (out / "policy").exists():
             shutil.rmtree(out / "policy")
-        shutil.copytree(final, out / "policy")
+        shutil.copytree(final / "policy", out / "policy")
         summary = {"steps": cfg.steps, "last": flatten_metrics(history[-1]) if history else {}}
         write_json(out / "summary.json", summary)
         write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},

@@ -7,6 +7,7 @@ engine → metrics. Checkpointing is the caller's (``reasonrl.stages.train``).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -64,6 +65,11 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     learner.policy_backend.scheduler_step()
     m["perf/update_actor_s"] = time.perf_counter() - t1
     m.update(position_metrics(st))
+    # Divergence guard: the backends made no optimizer step where the loss or the gradient norm was
+    # not finite; the step is marked bad (the caller counts bad steps in a row and stops).
+    watched = [m.get(k, 0.0) for k in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")]
+    if not all(math.isfinite(float(v)) for v in watched):
+        m["actor/bad_step"] = 1
     n_tok = int(st.batch.attention_mask.sum())
     m["perf/train_tokens"] = n_tok
     m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(time.perf_counter() - t0, 1e-9)  # tokens through the policy update per second

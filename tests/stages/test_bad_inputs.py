@@ -1,0 +1,96 @@
+"""Every bad input is a one-line error naming the fix, or a counted skip: never a traceback, never
+silently wrong (the cases of issue 10, one by one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from clihelp import assert_user_error, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, toy_data_file):
+    out = tmp_path_factory.mktemp("bad") / "data"
+    assert run_cli("prepare-data", toy_data_file, "--out", out, "--template", "none", "--val-size", "4").exit_code == 0
+    return out
+
+
+def test_prepare_data_refuses_or_counts_bad_answers(tmp_path):
+    good = {"problem": "What is 2 + 2?", "answer": "4"}
+    f = _jsonl(tmp_path / "in.jsonl", [
+        '{"problem": "What is 1 + \\ud800?", "answer": "2"}',  # a lone surrogate
+        {"problem": "A huge one?", "answer": "9" * 5000},  # past Python's int-string limit
+        '{"problem": "A float one?", "answer": 1e23}',  # not an exact integer as a float
+        {"problem": "No answer?", "answer": None},
+        good,
+    ])
+    assert_user_error(run_cli("prepare-data", f, "--out", tmp_path / "o", "--decontaminate", ""), "line 1", "not valid Unicode", "--skip-bad-rows")
+    r = run_cli("prepare-data", f, "--out", tmp_path / "o", "--decontaminate", "", "--skip-bad-rows", "--val-size", "0")
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert rep["bad_rows_skipped"] == 1 and rep["dropped"] == {"too_large": 2, "no_answer": 1} and rep["train"] == 1
+
+
+def test_prepare_data_never_writes_into_its_input(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    _jsonl(d / "train.parquet.jsonl", [{"problem": "What is 2 + 2?", "answer": "4"}])
+    assert_user_error(run_cli("prepare-data", d, "--out", d, "--decontaminate", ""), "holds the input", "another --out")
+
+
+def test_eval_refuses_null_and_nan_answers(tiny_model, tmp_path):
+    for answer in ("null", "NaN"):
+        f = tmp_path / f"{answer}.jsonl"
+        f.write_text('{"problem": "What is 2 + 2?", "answer": "4"}\n{"problem": "And this?", "answer": %s}\n' % answer)
+        r = run_cli("eval", "file", "--dataset", f, "--model", tiny_model, "--out", tmp_path / "ev", "--engine", "hf", "--n", "1")
+        assert_user_error(r, "line 2", "needs an answer")
+
+
+def test_a_misspelled_recipe_table_is_an_error(prepared, tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('steps = 2\n[trian]\nlr = 1e-5\n')
+    assert_user_error(run_cli("train", "--config", recipe, "--data", prepared), "[trian] names no stage", "[train]")
+
+
+def test_a_causal_lm_is_not_a_critic(prepared, tiny_model, tmp_path):
+    r = run_cli("train", "--algo", "vcppo", "--critic", tiny_model, "--model", tiny_model, "--data", prepared, "--out", tmp_path / "r")
+    assert_user_error(r, "is not a value model", "pretrain-value")
+
+
+def test_a_truncated_parquet_behind_a_manifest(prepared, tiny_model, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(prepared, data)
+    raw = (data / "train.parquet").read_bytes()
+    (data / "train.parquet").write_bytes(raw[: len(raw) // 2])
+    r = run_cli("train", "--model", tiny_model, "--data", data, "--out", tmp_path / "r", "--engine", "hf")
+    assert_user_error(r, "train.parquet is not a readable parquet file", "prepare-data")
+
+
+def test_pickle_weights_are_refused_unless_allowed(prepared, tiny_model, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    model = tmp_path / "pickled"
+    shutil.copytree(tiny_model, model)
+    torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
+    (model / "model.safetensors").unlink()
+    args = ["rollout", "--model", model, "--data", prepared, "--out", tmp_path / "ro", "--engine", "hf", "--dtype", "fp32",
+            "--num-prompts", "1", "--group-size", "1", "--max-response-len", "2"]
+    assert_user_error(run_cli(*args), "pickle", "--allow-pickle")
+    r = run_cli(*args, "--allow-pickle")
+    assert r.exit_code == 0, r.output
+
+
+def test_every_prompt_too_long_is_an_error(prepared, tiny_model, tmp_path):
+    r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "r", "--engine", "hf", "--max-prompt-len", "2")
+    assert_user_error(r, "longer than --max-prompt-len 2", "raise it")
