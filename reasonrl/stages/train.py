@@ -21,6 +21,7 @@ from reasonrl.artifacts import read_manifest, write_json, write_manifest
 from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
+from reasonrl.perf import StepPerf
 from reasonrl.stages.options import BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, start_ranks
 
 
@@ -53,6 +54,7 @@ class TrainConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
     resume: bool = opt(False, "Continue from the latest checkpoint in out/.")
     overwrite: bool = opt(False, "Replace a finished run in out/.")
     log_every: int = opt(1, "Print a metrics line every N steps.")
+    peak_flops: float | None = opt(None, "Peak FLOP/s for perf/mfu and the perf/…_bound_frac metrics (0 = do not log them); default: the GPU's datasheet peak, or on CPU (and unknown GPUs) a GEMM measured at start-up.")
 
     def __post_init__(self) -> None:
         self._check_model()
@@ -81,6 +83,7 @@ class TrainConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
         check(not (self.resume and self.overwrite), "--resume and --overwrite conflict: choose one")
         self.algo_spec()  # the row with its overrides must validate
         check(self.save_every >= 0 and self.log_every >= 1, "save_every must be >= 0 and log_every >= 1")
+        check(self.peak_flops is None or self.peak_flops >= 0, "peak_flops must be >= 0 (0 turns the bound metrics off)")
 
     def algo_spec(self) -> A.AlgoSpec:
         """The --algo row with this run's overrides applied."""
@@ -216,6 +219,9 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     if rank == 0:
         write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
+    perf = None if cfg.peak_flops == 0 else StepPerf.for_model(
+        policy.config, dtype=dtype, device=device, peak_flops=cfg.peak_flops, group_size=cfg.group_size, epochs=cfg.ppo_epochs,
+        mini_batch_size=max(1, cfg.mini_batch_size // world), critic=critic_backend is not None, ref=ref is not None, world=world)
     history: list[dict[str, Any]] = []
     display = Display(console, quiet=cfg.quiet or rank != 0)
     bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
@@ -225,7 +231,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         display.start()
         for step in range(start + 1, cfg.steps + 1):
             m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                           on_short_batch=cfg.on_short_batch)
+                           on_short_batch=cfg.on_short_batch, perf=perf)
             bad_steps = bad_steps + 1 if m.get("actor/bad_step") else 0
             samples = m.pop("_samples", [])
             history.append(m)

@@ -30,11 +30,12 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
     if st is not None:
         ent_sum, ent_n = float((st.entropy * st.batch.valid).sum()), float(st.batch.valid.sum())
     sc = col.stats.scorer
+    prompt_lens = {s.group: len(s.prompt_ids) for s in gen}  # one per group: its samples share the prompt
     local = [len(gen), sum(s.reward for s in gen), sum(s.shaped_reward for s in gen), sum(s.correct for s in gen),
              sum(s.length for s in gen), sum(s.truncated for s in gen), sum(s.extracted is None for s in gen), len(kept),
              sum(s.correct for s in kept), col.stats.gen_tokens, col.stats.skipped_long_prompts, sc.get("timeouts", 0),
-             sc.get("errors", 0), ent_sum, ent_n]
-    (n, rew, shaped, corr, lens, trunc, noans, n_kept, kept_corr, tokens, skipped, timeouts, errors, ent_sum, ent_n) = (
+             sc.get("errors", 0), ent_sum, ent_n, sum(prompt_lens.values()), len(prompt_lens)]
+    (n, rew, shaped, corr, lens, trunc, noans, n_kept, kept_corr, tokens, skipped, timeouts, errors, ent_sum, ent_n, plen, n_groups) = (
         ranks.sum(torch.tensor(local, dtype=torch.float64)).tolist())
     len_max, gen_s, score_s = ranks.max(torch.tensor([max((s.length for s in gen), default=0), col.stats.gen_seconds,
                                                       col.stats.score_seconds], dtype=torch.float64)).tolist()
@@ -46,6 +47,7 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
             "rollout/acc_mean": corr / n,
             "rollout/response_length_mean": lens / n,
             "rollout/response_length_max": int(len_max),
+            "rollout/prompt_length_mean": plen / n_groups,
             "rollout/truncated_frac": trunc / n,
             "rollout/no_answer_frac": noans / n,
         })

