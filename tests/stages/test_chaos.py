@@ -114,7 +114,7 @@ def test_sigkill_anywhere_then_resume_is_the_same_run(format_model, tmp_path, to
         if len(kills) < KILLS:
             done = _done_steps(out)
             # a random moment of a random remaining step (or of the start-up, before any step)
-            target = rng.randint(done, STEPS - 1)
+            target = rng.randint(done, STEPS - 1) if done < STEPS else done
             extra = rng.uniform(0.2, 1.0) * startup if target == done else rng.uniform(0.0, 0.9) * per_step  # (startup: to the 1st step's end)
             what = _kill_when(proc, out, at_checkpoint=len(kills) % 4 == 3, after_lines=target, extra_s=extra)
             if what != "finished":
