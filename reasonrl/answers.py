@@ -90,3 +90,16 @@ def parse_integer(text: str | int | float | None) -> int | None:
         return None
     value = int(digits)
     return -value if m.group("sign") in ("-", "−") else value
+
+
+def braced(s: str, i: int) -> tuple[str, int] | None:
+    """The group opened by ``s[i] == "{"``: (its content, the index after its "}"); None when unclosed."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] == "{":
+            depth += 1
+        elif s[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return s[i + 1 : j], j + 1
+    return None

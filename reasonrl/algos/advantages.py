@@ -1,5 +1,6 @@
 """Advantage estimators: GRPO group-relative advantages, GAE, decoupled GAE (VC-PPO), VAPO's
-length-adaptive lambda, and the ``ADVANTAGE_ESTIMATORS`` registry behind ``AlgoSpec.advantage``.
+length-adaptive lambda, and the ``ADVANTAGE_ESTIMATORS`` registry behind ``AlgoSpec.advantage``
+(each entry takes one :class:`AdvantageInputs`).
 
 Shapes: B responses (rows), T token positions; ``mask`` (B, T) is 1 on a row's valid response
 tokens (a prefix of the row). Every output is 0 outside the mask. Advantage estimation is
@@ -9,22 +10,13 @@ without gradient (they are targets, never differentiated through).
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import as_bool_mask
-
-__all__ = [
-    "grpo_advantages",
-    "gae",
-    "decoupled_gae",
-    "adaptive_lambda",
-    "outcome_token_rewards",
-    "compute_advantages",
-    "ADVANTAGE_ESTIMATORS",
-]
+from reasonrl.algos.masked import as_bool_mask, pick
 
 
 def _float_dtype(*xs: Tensor) -> torch.dtype:
@@ -123,6 +115,17 @@ def _gae_loop(r: Tensor, v: Tensor, m: Tensor, gamma: Tensor, lam: Tensor) -> tu
     return adv, returns
 
 
+def _gae_inputs(token_rewards: Tensor, values: Tensor, mask: Tensor, **params: float | Tensor) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+    """Checked (B, T) inputs in the computation dtype, and each of ``params`` (in [0, 1]) as (B,)."""
+    _check_bt("token_rewards", token_rewards, token_rewards)
+    _check_bt("values", values, token_rewards)
+    _check_bt("mask", mask, token_rewards)
+    dtype = _float_dtype(token_rewards, values)
+    B, dev = token_rewards.shape[0], token_rewards.device
+    per_row = {k: _per_row(k, v, B, dtype, dev, 0.0, 1.0) for k, v in params.items()}
+    return token_rewards.to(dtype), values.to(dtype), as_bool_mask(mask), per_row
+
+
 @torch.no_grad()
 def gae(
     token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float | Tensor, lam: float | Tensor
@@ -151,15 +154,8 @@ def gae(
     Returns:
         (advantages, returns), both (B, T), without gradient.
     """
-    _check_bt("token_rewards", token_rewards, token_rewards)
-    _check_bt("values", values, token_rewards)
-    _check_bt("mask", mask, token_rewards)
-    dtype = _float_dtype(token_rewards, values)
-    B = token_rewards.shape[0]
-    dev = token_rewards.device
-    lam_t = _per_row("lam", lam, B, dtype, dev, 0.0, 1.0)
-    gamma_t = _per_row("gamma", gamma, B, dtype, dev, 0.0, 1.0)
-    return _gae_loop(token_rewards.to(dtype), values.to(dtype), as_bool_mask(mask), gamma_t, lam_t)
+    r, v, m, p = _gae_inputs(token_rewards, values, mask, gamma=gamma, lam=lam)
+    return _gae_loop(r, v, m, p["gamma"], p["lam"])
 
 
 @torch.no_grad()
@@ -186,19 +182,10 @@ def decoupled_gae(
     Returns:
         (advantages, returns), both (B, T), without gradient.
     """
-    _check_bt("token_rewards", token_rewards, token_rewards)
-    _check_bt("values", values, token_rewards)
-    _check_bt("mask", mask, token_rewards)
-    dtype = _float_dtype(token_rewards, values)
-    B = token_rewards.shape[0]
-    dev = token_rewards.device
-    la = _per_row("lam_actor", lam_actor, B, dtype, dev, 0.0, 1.0)
-    lc = _per_row("lam_critic", lam_critic, B, dtype, dev, 0.0, 1.0)
-    g = _per_row("gamma", gamma, B, dtype, dev, 0.0, 1.0)
-    r = token_rewards.to(dtype)
-    v = values.to(dtype)
-    m = as_bool_mask(mask)
-    adv2, ret2 = _gae_loop(torch.cat([r, r]), torch.cat([v, v]), torch.cat([m, m]), torch.cat([g, g]), torch.cat([la, lc]))
+    r, v, m, p = _gae_inputs(token_rewards, values, mask, gamma=gamma, lam_actor=lam_actor, lam_critic=lam_critic)
+    g = p["gamma"]
+    adv2, ret2 = _gae_loop(torch.cat([r, r]), torch.cat([v, v]), torch.cat([m, m]), torch.cat([g, g]), torch.cat([p["lam_actor"], p["lam_critic"]]))
+    B = r.shape[0]
     return adv2[:B], ret2[B:]
 
 
@@ -256,88 +243,57 @@ def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-class AdvantageEstimator(Protocol):
-    """Signature shared by every entry of ``ADVANTAGE_ESTIMATORS`` (all keyword arguments)."""
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What every entry of ``ADVANTAGE_ESTIMATORS`` receives (each reads the fields it needs; see
+    :func:`compute_advantages` for their meaning)."""
 
-    def __call__(
-        self,
-        *,
-        rewards: Tensor,
-        mask: Tensor,
-        group_size: int | None,
-        values: Tensor | None,
-        token_rewards: Tensor | None,
-        gamma: float,
-        lam_actor: float | Tensor,
-        lam_critic: float | Tensor,
-        scale_by_std: bool,
-        eps: float,
-    ) -> tuple[Tensor, Tensor | None]: ...
+    rewards: Tensor
+    mask: Tensor
+    group_size: int | None = None
+    values: Tensor | None = None
+    token_rewards: Tensor | None = None
+    gamma: float = 1.0
+    lam_actor: float | Tensor = 1.0
+    lam_critic: float | Tensor = 1.0
+    scale_by_std: bool = True
+    eps: float = 1e-6
 
 
 @torch.no_grad()
-def _grpo_estimator(
-    *,
-    rewards: Tensor,
-    mask: Tensor,
-    group_size: int | None,
-    values: Tensor | None,
-    token_rewards: Tensor | None,
-    gamma: float,
-    lam_actor: float | Tensor,
-    lam_critic: float | Tensor,
-    scale_by_std: bool,
-    eps: float,
-) -> tuple[Tensor, Tensor | None]:
+def _grpo_estimator(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     """GRPO: the response's group-relative advantage on every valid token; no returns."""
-    if group_size is None:
+    if x.group_size is None:
         raise ValueError("the 'grpo' estimator needs group_size")
-    if token_rewards is not None:
+    if x.token_rewards is not None:
         raise ValueError("the 'grpo' estimator takes no token_rewards (put a KL penalty in the loss instead)")
-    if mask.dim() != 2 or rewards.shape != (mask.shape[0],):
-        raise ValueError(f"rewards must be Tensor[B] and mask (B, T); got {tuple(rewards.shape)} and {tuple(mask.shape)}")
-    a = grpo_advantages(rewards, group_size, scale_by_std=scale_by_std, eps=eps)
-    m = as_bool_mask(mask)
+    if x.mask.dim() != 2 or x.rewards.shape != (x.mask.shape[0],):
+        raise ValueError(f"rewards must be Tensor[B] and mask (B, T); got {tuple(x.rewards.shape)} and {tuple(x.mask.shape)}")
+    a = grpo_advantages(x.rewards, x.group_size, scale_by_std=x.scale_by_std, eps=x.eps)
+    m = as_bool_mask(x.mask)
     adv = torch.where(m, a[:, None].expand(m.shape), torch.zeros((), dtype=a.dtype, device=a.device))
     return adv, None
 
 
 @torch.no_grad()
-def _gae_estimator(
-    *,
-    rewards: Tensor,
-    mask: Tensor,
-    group_size: int | None,
-    values: Tensor | None,
-    token_rewards: Tensor | None,
-    gamma: float,
-    lam_actor: float | Tensor,
-    lam_critic: float | Tensor,
-    scale_by_std: bool,
-    eps: float,
-) -> tuple[Tensor, Tensor | None]:
+def _gae_estimator(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     """PPO / VC-PPO: outcome reward on the last valid token (+ token_rewards), decoupled GAE."""
-    if values is None:
+    if x.values is None:
         raise ValueError("the 'gae' estimator needs values (B, T) from the critic")
-    r = outcome_token_rewards(rewards, mask)
-    if token_rewards is not None:
-        _check_bt("token_rewards", token_rewards, r)
-        r = r + token_rewards.to(r.dtype)
-    same = (
-        not isinstance(lam_actor, Tensor)
-        and not isinstance(lam_critic, Tensor)
-        and float(lam_actor) == float(lam_critic)
-    )
-    if same:
-        return gae(r, values, mask, gamma=gamma, lam=lam_actor)
-    return decoupled_gae(r, values, mask, gamma=gamma, lam_actor=lam_actor, lam_critic=lam_critic)
+    r = outcome_token_rewards(x.rewards, x.mask)
+    if x.token_rewards is not None:
+        _check_bt("token_rewards", x.token_rewards, r)
+        r = r + x.token_rewards.to(r.dtype)
+    if not isinstance(x.lam_actor, Tensor) and not isinstance(x.lam_critic, Tensor) and float(x.lam_actor) == float(x.lam_critic):
+        return gae(r, x.values, x.mask, gamma=x.gamma, lam=x.lam_actor)
+    return decoupled_gae(r, x.values, x.mask, gamma=x.gamma, lam_actor=x.lam_actor, lam_critic=x.lam_critic)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs], tuple[Tensor, Tensor | None]]] = {
     "grpo": _grpo_estimator,
     "gae": _gae_estimator,
 }
-"""name -> estimator (see :class:`AdvantageEstimator` for the shared keyword signature)."""
+"""name -> estimator, each ``fn(AdvantageInputs) -> (advantages, returns or None)``."""
 
 
 def compute_advantages(
@@ -380,21 +336,5 @@ def compute_advantages(
     Raises:
         ValueError: unknown estimator (the message names the valid ones), or a missing input.
     """
-    try:
-        fn = ADVANTAGE_ESTIMATORS[estimator]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator '{estimator}'; valid: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}"
-        ) from None
-    return fn(
-        rewards=rewards,
-        mask=mask,
-        group_size=group_size,
-        values=values,
-        token_rewards=token_rewards,
-        gamma=gamma,
-        lam_actor=lam_actor,
-        lam_critic=lam_critic,
-        scale_by_std=scale_by_std,
-        eps=eps,
-    )
+    fn = pick(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator")
+    return fn(AdvantageInputs(rewards, mask, group_size, values, token_rewards, gamma, lam_actor, lam_critic, scale_by_std, eps))

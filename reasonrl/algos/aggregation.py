@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import as_bool_mask, masked_sum
+from reasonrl.algos.masked import as_bool_mask, masked_sum, pick
 
 __all__ = ["AGG_MODES", "aggregate"]
 
@@ -93,10 +93,7 @@ def aggregate(
     Raises:
         ValueError: unknown mode (the message names the valid modes) or bad shapes.
     """
-    try:
-        fn = AGG_MODES[mode]
-    except KeyError:
-        raise ValueError(f"unknown loss aggregation mode '{mode}'; valid: {', '.join(AGG_MODES)}") from None
+    fn = pick(AGG_MODES, mode, "loss aggregation mode")
     if loss_mat.dim() != 2:
         raise ValueError(f"loss_mat must be (B, T), got shape {tuple(loss_mat.shape)}")
     m = as_bool_mask(mask, loss_mat)

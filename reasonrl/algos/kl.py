@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from reasonrl.algos.masked import LOG_RATIO_CLAMP
+from reasonrl.algos.masked import LOG_RATIO_CLAMP, pick
 
 __all__ = ["KL_ESTIMATORS", "kl_penalty"]
 
@@ -47,10 +47,7 @@ def kl_penalty(logp: Tensor, logp_ref: Tensor, kind: str) -> Tensor:
     Raises:
         ValueError: unknown kind (the message names the valid kinds).
     """
-    try:
-        fn = KL_ESTIMATORS[kind]
-    except KeyError:
-        raise ValueError(f"unknown KL estimator '{kind}'; valid: {', '.join(KL_ESTIMATORS)}") from None
+    fn = pick(KL_ESTIMATORS, kind, "KL estimator")
     if logp.shape != logp_ref.shape:
         raise ValueError(f"logp and logp_ref shapes differ: {tuple(logp.shape)} vs {tuple(logp_ref.shape)}")
     return fn(logp, logp_ref)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from reasonrl.algos.aggregation import aggregate
-from reasonrl.algos.masked import LOG_RATIO_CLAMP, as_bool_mask, masked_mean, masked_sum
+from reasonrl.algos.masked import LOG_RATIO_CLAMP, as_bool_mask, masked_mean, masked_sum, pick
 from reasonrl.algos.metrics import explained_variance
 
 __all__ = ["LossParams", "PolicyLossOutput", "PolicyLoss", "POLICY_LOSSES", "ppo_clip_loss", "gspo_loss", "cispo_loss", "clip_cov_loss",
@@ -447,10 +447,7 @@ def policy_loss(
     Raises:
         ValueError: unknown loss (the message names the valid ones) or bad parameters.
     """
-    try:
-        fn = POLICY_LOSSES[loss]
-    except KeyError:
-        raise ValueError(f"unknown policy loss '{loss}'; valid: {', '.join(POLICY_LOSSES)}") from None
+    fn = pick(POLICY_LOSSES, loss, "policy loss")
     return fn(logp, logp_old, advantages, mask, params=LossParams(**params), agg=agg, max_len=max_len, denominator=denominator,
               is_weights=is_weights)
 

@@ -10,10 +10,14 @@ Conventions shared by the whole ``reasonrl.algos`` package:
 
 from __future__ import annotations
 
+from typing import Mapping, TypeVar
+
 import torch
 from torch import Tensor
 
-__all__ = ["as_bool_mask", "masked_sum", "masked_mean", "masked_var", "masked_whiten", "LOG_RATIO_CLAMP"]
+T = TypeVar("T")
+
+__all__ = ["as_bool_mask", "masked_sum", "masked_mean", "masked_var", "masked_whiten", "LOG_RATIO_CLAMP", "pick"]
 
 LOG_RATIO_CLAMP = 20.0
 """log-ratios are clamped to [-20, 20] before ``exp`` (ratio in [2e-9, 4.9e8]): no inf/nan."""
@@ -77,3 +81,11 @@ def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: floa
     if not shift_mean:
         out = out + mean
     return torch.where(m, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def pick(registry: Mapping[str, T], name: str, what: str) -> T:
+    """``registry[name]``; an unknown name is a ValueError naming ``what`` and the valid names."""
+    try:
+        return registry[name]
+    except KeyError:
+        raise ValueError(f"unknown {what} '{name}'; valid: {', '.join(registry)}") from None

@@ -30,6 +30,7 @@ from reasonrl.algos.advantages import ADVANTAGE_ESTIMATORS
 from reasonrl.algos.aggregation import AGG_MODES
 from reasonrl.algos.kl import KL_ESTIMATORS
 from reasonrl.algos.losses import POLICY_LOSSES, LossParams
+from reasonrl.algos.masked import pick
 from reasonrl.algos.mismatch import TIS_LEVELS
 
 __all__ = ["AlgoSpec", "ALGOS", "get_algo"]
@@ -183,36 +184,19 @@ _PPO = AlgoSpec(
     whiten_advantages=True,  # as verl's GAE
 )
 
+# group-relative advantages with the std, clip 0.2 / 0.2, no critic, no KL: the field defaults
+_GRPO = AlgoSpec(name="grpo", advantage="grpo", loss_agg="seq-mean-token-mean")
+
 ALGOS: dict[str, AlgoSpec] = {
     "ppo": _PPO,
     # VC-PPO (arXiv 2503.01491): decoupled GAE (lam_critic = 1.0) + value pretraining.
     "vcppo": _PPO.replace(name="vcppo", lam_actor=0.95, lam_critic=1.0, pretrained_critic_required=True),
     # GRPO as published (sequence-mean loss); reasonrl turns its KL off by default (GRPO-zero).
-    "grpo": AlgoSpec(
-        name="grpo",
-        advantage="grpo",
-        use_critic=False,
-        eps_low=0.2,
-        eps_high=0.2,
-        loss_agg="seq-mean-token-mean",
-        kl_coef=0.0,
-        grpo_scale_by_std=True,
-    ),
+    "grpo": _GRPO,
     # DAPO (arXiv 2503.14476): Clip-Higher, token-level loss, dynamic sampling, overlong
     # filtering + soft punishment, no KL.
-    "dapo": AlgoSpec(
-        name="dapo",
-        advantage="grpo",
-        use_critic=False,
-        eps_low=0.2,
-        eps_high=0.28,
-        loss_agg="token-mean",
-        dynamic_sampling=True,
-        overlong_filter=True,
-        overlong_penalty=True,
-        kl_coef=0.0,
-        grpo_scale_by_std=True,
-    ),
+    "dapo": _GRPO.replace(name="dapo", eps_high=0.28, loss_agg="token-mean", dynamic_sampling=True, overlong_filter=True,
+                          overlong_penalty=True),
     # GSPO (arXiv 2507.18071): sequence-level, length-normalised ratio; the paper's clip range;
     # seq-mean aggregation (verl forces it); no KL. The paper splits each rollout batch into 4
     # mini-batches (--mini-batch-size = batch / 4): with one, GSPO equals GRPO.
@@ -242,7 +226,4 @@ ALGOS: dict[str, AlgoSpec] = {
 
 def get_algo(name: str) -> AlgoSpec:
     """The row ``name`` of ``ALGOS``; ValueError naming the valid names if unknown."""
-    try:
-        return ALGOS[name]
-    except KeyError:
-        raise ValueError(f"unknown algo '{name}'; valid: {', '.join(ALGOS)}") from None
+    return pick(ALGOS, name, "algo")

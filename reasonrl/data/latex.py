@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from reasonrl.answers import strip_answer
+from reasonrl.answers import braced, strip_answer
 
 
 class LatexError(ValueError):
@@ -74,15 +74,10 @@ def _read_arg(s: str, i: int) -> tuple[str, int]:
     if i >= len(s):
         raise LatexError("missing argument")
     if s[i] == "{":
-        depth = 0
-        for j in range(i, len(s)):
-            if s[j] == "{":
-                depth += 1
-            elif s[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    return s[i + 1 : j], j + 1
-        raise LatexError("unbalanced braces")
+        group = braced(s, i)
+        if group is None:
+            raise LatexError("unbalanced braces")
+        return group
     if s[i] == "\\":
         m = re.match(r"\\[a-zA-Z]+", s[i:])
         if m:

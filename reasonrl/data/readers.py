@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from reasonrl.answers import braced
 from reasonrl.data.templates import strip_template
 from reasonrl.errors import ReasonRLError
 
@@ -192,15 +193,8 @@ def last_boxed(text: str) -> str | None:
     while i < len(text) and text[i] == " ":
         i += 1
     if i < len(text) and text[i] == "{":
-        depth = 0
-        for j in range(i, len(text)):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[i + 1 : j]
-        return None
+        group = braced(text, i)
+        return group[0] if group is not None else None
     token = re.match(r"[^\s$]+", text[i:])
     return token.group(0) if token else None
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import sympy
 
@@ -231,30 +231,24 @@ def _coef(n: int) -> str:
     return "" if n == 1 else str(n)
 
 
-def _fraction_shape(value: sympy.Rational) -> _Shape:
+def _m_over_n(rule: str, value: sympy.Rational, form: Callable[[str, int, int], str], written: str, unit: Any = 1) -> _Shape:
+    """A reduced fraction ±m/n (times ``unit``), answered m + n; ``form(sign, m, n)`` writes it as the
+    problem shows it, ``written`` (with ``{sign}``) as the sentence names it."""
     neg = value < 0
     m, n = abs(value.p), value.q
     sign = "-" if neg else ""
-    return _Shape(
-        "fraction", f"{sign}\\frac{{{m}}}{{{n}}}",
-        _sentence(f"{sign}\\frac{{m}}{{n}}", f"$m$ and $n$ are relatively prime {_POS}", "m+n"),
-        (("m", m), ("n", n)), m + n, (-1 if neg else 1) * sympy.Integer(m) / sympy.Integer(n),
-        {"num": m, "den": n},
-    )
+    return _Shape(rule, form(sign, m, n), _sentence(written.format(sign=sign), f"$m$ and $n$ are relatively prime {_POS}", "m+n"),
+                  (("m", m), ("n", n)), m + n, (-1 if neg else 1) * sympy.Integer(m) / sympy.Integer(n) * unit, {"num": m, "den": n})
+
+
+def _fraction_shape(value: sympy.Rational) -> _Shape:
+    return _m_over_n("fraction", value, lambda sign, m, n: f"{sign}\\frac{{{m}}}{{{n}}}", "{sign}\\frac{{m}}{{n}}")
 
 
 def _pi_shape(k: sympy.Rational) -> _Shape:
     if k.is_Integer:
         return _Shape("pi_multiple", f"{'-' if k == -1 else _coef(int(k))}\\pi", _FIXED["pi_multiple"], (("k", int(k)),), int(k), sympy.Integer(k) * sympy.pi, {"k": int(k)})
-    neg = k < 0
-    m, n = abs(k.p), k.q
-    sign = "-" if neg else ""
-    return _Shape(
-        "pi_fraction", f"{sign}\\frac{{{_coef(m)}\\pi}}{{{n}}}",
-        _sentence(f"{sign}\\frac{{m}}{{n}}\\pi", f"$m$ and $n$ are relatively prime {_POS}", "m+n"),
-        (("m", m), ("n", n)), m + n, (-1 if neg else 1) * sympy.Integer(m) / sympy.Integer(n) * sympy.pi,
-        {"num": m, "den": n},
-    )
+    return _m_over_n("pi_fraction", k, lambda sign, m, n: f"{sign}\\frac{{{_coef(m)}\\pi}}{{{n}}}", "{sign}\\frac{{m}}{{n}}\\pi", sympy.pi)
 
 
 def _sqrt_shape(p: sympy.Rational, q: sympy.Rational, c: int) -> _Shape:

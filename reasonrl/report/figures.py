@@ -31,6 +31,21 @@ class FigureSpec:
     draw: Callable[[list[Run], int], Drawn]
 
 
+FIGURES: list[FigureSpec] = []
+"""Every figure of the report, in order: a draw function decorated with :func:`figure` (its
+docstring is the caption)."""
+
+
+def figure(name: str, title: str) -> Callable[[Callable[[list[Run], int], Drawn]], Callable[[list[Run], int], Drawn]]:
+    """Register a draw function as the report's next figure, ``name`` its PNG's file name."""
+
+    def register(draw: Callable[[list[Run], int], Drawn]) -> Callable[[list[Run], int], Drawn]:
+        FIGURES.append(FigureSpec(name, title, " ".join((draw.__doc__ or "").split()), draw))
+        return draw
+
+    return register
+
+
 def _figure(ncols: int, nrows: int = 1, height: float = 4.2) -> tuple[Any, list[Any]]:
     from matplotlib.figure import Figure
 
@@ -112,18 +127,27 @@ def train_runs(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.stage == "train"]
 
 
+@figure("reward_accuracy", "Reward and accuracy")
 def draw_reward(runs: list[Run], smooth: int) -> Drawn:
+    """Rule reward and accuracy over every response generated in the step (dynamic sampling's
+    dropped groups included: the policy's real score) and over the batch that was trained on."""
     return _line_panels(train_runs(runs), runs, smooth, [
         ("reward", "rule reward (mean over responses, ±1)", [("rollout/reward_mean", "-", "all generated"), ("rollout/shaped_reward_mean", ":", "with overlong punishment")]),
         ("accuracy", "share of responses correct", [("rollout/acc_mean", "-", "all generated"), ("rollout/batch_acc_mean", "--", "trained batch")]),
     ])
 
 
+@figure("entropy", "Policy entropy")
 def draw_entropy(runs: list[Run], smooth: int) -> Drawn:
+    """Token-mean entropy of the policy on the trained batch. DAPO fig. 2: without clip-higher
+    it collapses."""
     return _line_panels(train_runs(runs), runs, smooth, [("policy entropy", "entropy (nats / token)", [("actor/entropy", "-", "")])])
 
 
+@figure("response_length", "Response length and truncation")
 def draw_length(runs: list[Run], smooth: int) -> Drawn:
+    """Mean and longest response; the shaded band is L_max − L_cache … L_max, where DAPO's soft
+    overlong punishment (eq. 13) grows; right: the share cut at L_max."""
     trains = train_runs(runs)
     d = _line_panels(trains, runs, smooth, [
         ("response length", "tokens per response", [("rollout/response_length_mean", "-", "mean"), ("rollout/response_length_max", "--", "max")]),
@@ -146,7 +170,9 @@ def draw_length(runs: list[Run], smooth: int) -> Drawn:
     return d
 
 
+@figure("clip_fractions", "Clip fractions")
 def draw_clipfrac(runs: list[Run], smooth: int) -> Drawn:
+    """Share of counted tokens whose gradient the upper and the lower clip remove."""
     return _line_panels(train_runs(runs), runs, smooth, [
         ("clip fractions", "share of counted tokens clipped", [("actor/clipfrac_upper", "-", "upper (A > 0, r > 1 + ε_high)"), ("actor/clipfrac_lower", "--", "lower (A < 0, r < 1 − ε_low)")]),
     ])
@@ -161,7 +187,10 @@ def _buckets(r: Run, kind: str) -> tuple[list[str], list[int], list[list[float]]
     return names, steps, grid
 
 
+@figure("clip_by_probability", "Clipping by token probability")
 def draw_clip_by_prob(runs: list[Run], smooth: int) -> Drawn:
+    """Share of each sampling-probability bucket's tokens that the clip removes, per step (DAPO
+    fig. 3a: the upper clip hits low-probability tokens, which clip-higher frees)."""
     out = Drawn()
     have = [r for r in train_runs(runs) if r.has("actor/clipfrac_by_prob")]
     out.notes += [f"{r.label}: no actor/clipfrac_by_prob" for r in train_runs(runs) if r not in have]
@@ -189,7 +218,10 @@ def draw_clip_by_prob(runs: list[Run], smooth: int) -> Drawn:
 GAP_KEYS = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/mismatch_kl")
 
 
+@figure("rollout_gap", "Rollout / trainer gap")
 def draw_gap(runs: list[Run], smooth: int) -> Drawn:
+    """How far the engine's sampling log-probabilities are from the trainer's for the same
+    tokens."""
     trains = train_runs(runs)
     if not any(r.has(k) for r in trains for k in GAP_KEYS):
         return Drawn(notes=[f"not logged by these runs ({', '.join(GAP_KEYS)}): nothing to draw"])
@@ -199,7 +231,10 @@ def draw_gap(runs: list[Run], smooth: int) -> Drawn:
     ])
 
 
+@figure("dynamic_sampling", "Dynamic sampling")
 def draw_dynamic_sampling(runs: list[Run], smooth: int) -> Drawn:
+    """Generation rounds per step and what happened to the prompt groups: kept, or dropped
+    because every response was correct or every one wrong (DAPO §3.2)."""
     from matplotlib.ticker import MaxNLocator
 
     d = _line_panels(train_runs(runs), runs, smooth, [
@@ -212,7 +247,10 @@ def draw_dynamic_sampling(runs: list[Run], smooth: int) -> Drawn:
     return d
 
 
+@figure("value", "Value model")
 def draw_value(runs: list[Run], smooth: int) -> Drawn:
+    """Critic loss and explained variance of the values (pretrain-value: on freshly sampled
+    responses of the fixed policy)."""
     critics = [r for r in runs if r.stage == "pretrain-value" or (r.stage == "train" and r.has("critic/vf_loss"))]
     d = _line_panels(critics, runs, smooth, [
         ("value loss", "critic/vf_loss (squared error)", [("critic/vf_loss", "-", "")]),
@@ -224,7 +262,12 @@ def draw_value(runs: list[Run], smooth: int) -> Drawn:
     return d
 
 
+@figure("value_bias", "Value and advantage by position, before and after value pretraining")
 def draw_bias(runs: list[Run], smooth: int) -> Drawn:
+    """VC-PPO's picture, on the same held-out responses before (dashed, open markers) and after
+    (solid) value pretraining: the paper finds that a critic initialised from a reward model
+    values early tokens low, so early advantages are biased positive, and that value pretraining
+    removes the bias."""
     out = Drawn()
     have = [r for r in runs if r.bias and isinstance(r.bias.get("before"), dict) and isinstance(r.bias.get("after"), dict)]
     out.notes += [f"{r.label}: no bias.json" for r in runs if r.stage == "pretrain-value" and r not in have]
@@ -247,7 +290,9 @@ def draw_bias(runs: list[Run], smooth: int) -> Drawn:
     return out
 
 
+@figure("eval", "Evaluation")
 def draw_eval(runs: list[Run], smooth: int) -> Drawn:
+    """avg@n, pass@k and maj@n with 95% percentile-bootstrap confidence intervals over problems."""
     out = Drawn()
     evals = [r for r in runs if r.stage == "eval" and r.results]
     if not evals:
@@ -288,7 +333,9 @@ PHASES = (("perf/generate_s", "generate"), ("perf/score_s", "score"), ("perf/pre
           ("perf/update_critic_s", "update critic"), ("perf/update_actor_s", "update actor"), ("perf/weight_sync_s", "weight sync"))
 
 
+@figure("time_split", "Time per step")
 def draw_time(runs: list[Run], smooth: int) -> Drawn:
+    """Seconds per step in each phase (perf/*_s); 'other' is the rest of perf/step_s."""
     from matplotlib import colormaps
 
     out = Drawn()
@@ -313,24 +360,3 @@ def draw_time(runs: list[Run], smooth: int) -> Drawn:
         _axes(ax, "seconds", f"{r.label}: time per step")
     out.fig = fig
     return out
-
-
-FIGURES: list[FigureSpec] = [
-    FigureSpec("reward_accuracy", "Reward and accuracy",
-               "Rule reward and accuracy over every response generated in the step (dynamic sampling's dropped groups included: the policy's real score) and over the batch that was trained on.", draw_reward),
-    FigureSpec("entropy", "Policy entropy", "Token-mean entropy of the policy on the trained batch. DAPO fig. 2: without clip-higher it collapses.", draw_entropy),
-    FigureSpec("response_length", "Response length and truncation",
-               "Mean and longest response; the shaded band is L_max − L_cache … L_max, where DAPO's soft overlong punishment (eq. 13) grows; right: the share cut at L_max.", draw_length),
-    FigureSpec("clip_fractions", "Clip fractions", "Share of counted tokens whose gradient the upper and the lower clip remove.", draw_clipfrac),
-    FigureSpec("clip_by_probability", "Clipping by token probability",
-               "Share of each sampling-probability bucket's tokens that the clip removes, per step (DAPO fig. 3a: the upper clip hits low-probability tokens, which clip-higher frees).", draw_clip_by_prob),
-    FigureSpec("rollout_gap", "Rollout / trainer gap", "How far the engine's sampling log-probabilities are from the trainer's for the same tokens.", draw_gap),
-    FigureSpec("dynamic_sampling", "Dynamic sampling",
-               "Generation rounds per step and what happened to the prompt groups: kept, or dropped because every response was correct or every one wrong (DAPO §3.2).", draw_dynamic_sampling),
-    FigureSpec("value", "Value model", "Critic loss and explained variance of the values (pretrain-value: on freshly sampled responses of the fixed policy).", draw_value),
-    FigureSpec("value_bias", "Value and advantage by position, before and after value pretraining",
-               "VC-PPO's picture, on the same held-out responses before (dashed, open markers) and after (solid) value pretraining: the paper finds that a critic "
-               "initialised from a reward model values early tokens low, so early advantages are biased positive, and that value pretraining removes the bias.", draw_bias),
-    FigureSpec("eval", "Evaluation", "avg@n, pass@k and maj@n with 95% percentile-bootstrap confidence intervals over problems.", draw_eval),
-    FigureSpec("time_split", "Time per step", "Seconds per step in each phase (perf/*_s); 'other' is the rest of perf/step_s.", draw_time),
-]

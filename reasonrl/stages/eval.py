@@ -12,7 +12,6 @@ and prints a rich table. DAPO's AIME settings: n = 32, temperature 1.0, top_p 0.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,15 +20,13 @@ from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.errors import ReasonRLError
 from reasonrl.evaluation.sets import EVAL_SETS
-from reasonrl.stages.options import ModelOpts, TrackOpts
+from reasonrl.stages.options import DecodeOpts, ModelOpts, TrackOpts
 
 @dataclass
-class EvalConfig(ModelOpts, TrackOpts):
+class EvalConfig(ModelOpts, DecodeOpts, TrackOpts):
     dataset: str = opt("aime", f"A bundled set ({', '.join(EVAL_SETS)}), a data file, or a prepare-data directory (its validation split).")
     n: int = opt(32, "Samples per distinct problem (DAPO: 32); rows with the same prompt and ground truth are one problem.")
-    temperature: float = opt(1.0, "Sampling temperature (DAPO eval: 1.0).")
-    top_p: float = opt(0.7, "Nucleus sampling mass (DAPO eval: 0.7).")
-    top_k: int = opt(-1, "Top-k sampling (-1 = off).")
+    top_p: float = opt(0.7, "Nucleus sampling mass (DAPO eval: 0.7; 1.0 = off).")
     max_response_len: int = opt(1024, "Generation cap in tokens.")
     max_prompt_len: int = opt(2048, "Prompts longer than this are skipped and counted.")
     max_problems: int | None = opt(None, "Evaluate only the first N distinct problems.")
@@ -42,10 +39,8 @@ class EvalConfig(ModelOpts, TrackOpts):
     def __post_init__(self) -> None:
         self._check_model()
         self._check_tracking()
+        self._check_decode()
         check(self.n >= 1, "n must be >= 1")
-        check(0 <= self.temperature < math.inf and 0 < self.top_p <= 1, "temperature must be finite and >= 0, and top_p in (0, 1]")
-        check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        check(self.max_response_len >= 1, "max_response_len must be >= 1")
         check(self.max_problems is None or self.max_problems >= 1, "max_problems must be >= 1")
         from reasonrl.data.templates import ALL_TEMPLATES
 

@@ -32,21 +32,28 @@ class ModelOpts(EngineOptions):
 
 
 @dataclass
-class SamplingOpts:
-    group_size: int = opt(8, "Responses sampled per prompt (G).")
+class DecodeOpts:
     temperature: float = opt(1.0, "Sampling temperature (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling mass (1.0 = off).")
     top_k: int = opt(-1, "Top-k sampling (-1 = off).")
     max_prompt_len: int = opt(512, "Prompts longer than this many tokens are skipped and counted.")
     max_response_len: int = opt(256, "Generation cap L_max in tokens (DAPO: 20480).")
 
-    def _check_sampling(self) -> None:
-        check(self.group_size >= 1, "group_size must be >= 1")
+    def _check_decode(self) -> None:
         check(0 <= self.temperature < math.inf, "temperature must be finite and >= 0")
         check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
         check(self.max_response_len >= 1, "max_response_len must be >= 1")
         check(self.max_prompt_len >= 1, "max_prompt_len must be >= 1")
+
+
+@dataclass
+class SamplingOpts(DecodeOpts):
+    group_size: int = opt(8, "Responses sampled per prompt (G).")
+
+    def _check_sampling(self) -> None:
+        self._check_decode()
+        check(self.group_size >= 1, "group_size must be >= 1")
 
 
 @dataclass

@@ -240,7 +240,7 @@ def test_compute_advantages_gae_places_reward_and_decouples() -> None:
 def test_compute_advantages_errors() -> None:
     m = torch.ones(2, 3)
     r = torch.zeros(2)
-    with pytest.raises(ValueError, match="gae, grpo"):
+    with pytest.raises(ValueError, match="grpo, gae"):
         compute_advantages("vtrace", rewards=r, mask=m)
     with pytest.raises(ValueError, match="values"):
         compute_advantages("gae", rewards=r, mask=m)
