@@ -34,7 +34,7 @@ from reasonrl.algos.losses import (
     value_loss,
 )
 from reasonrl.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from reasonrl.algos.metrics import clipfrac_by_prob_bucket, explained_variance, mean_by_position
+from reasonrl.algos.metrics import clip_by_prob_bucket, explained_variance, mean_by_position
 from reasonrl.algos.mismatch import TIS_LEVELS, mismatch_metrics, truncated_is_weights
 from reasonrl.algos.rewards import informative_groups, overlong_penalty
 from reasonrl.algos.spec import ALGOS, AlgoSpec, get_algo
@@ -83,7 +83,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     # metrics
-    "clipfrac_by_prob_bucket",
+    "clip_by_prob_bucket",
     "mean_by_position",
     "explained_variance",
     # algorithm table

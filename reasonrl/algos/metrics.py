@@ -11,53 +11,10 @@ from torch import Tensor
 
 from reasonrl.algos.masked import as_bool_mask
 
-__all__ = ["clipfrac_by_prob_bucket", "clip_by_prob_bucket", "mean_by_position", "explained_variance", "DEFAULT_PROB_EDGES"]
+__all__ = ["clip_by_prob_bucket", "mean_by_position", "explained_variance", "DEFAULT_PROB_EDGES"]
 
 DEFAULT_PROB_EDGES: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 """(0.0, 0.1, ..., 1.0): ten probability buckets."""
-
-
-@torch.no_grad()
-def clipfrac_by_prob_bucket(
-    logp_old: Tensor,
-    ratio: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    eps_low: float,
-    eps_high: float,
-    edges: tuple[float, ...] | list[float] = DEFAULT_PROB_EDGES,
-) -> dict[str, float]:
-    """Clip fractions by the sampling probability p = exp(logp_old) of the token (DAPO fig. 3a:
-    the upper clip mostly hits low-probability tokens, which is what Clip-Higher relaxes).
-
-    Buckets are [edges[j], edges[j+1]), the last one closed. A token is upper-clipped when
-    A > 0 and r > 1 + eps_high, lower-clipped when A < 0 and r < 1 - eps_low (the same rule as
-    ``policy_loss``'s clipfrac_upper / clipfrac_lower).
-
-    Args:
-        logp_old: (B, T) sampling log-probs of the tokens.
-        ratio: (B, T) r = exp(logp - logp_old).
-        advantages: (B, T) or (B,).
-        mask: (B, T) counted tokens.
-        eps_low, eps_high: the clip range.
-        edges: increasing bucket edges in [0, 1].
-
-    Returns:
-        for each bucket, with ``b = f"p{lo:.1f}-{hi:.1f}"`` (e.g. "p0.0-0.1"):
-        ``clip_upper/{b}`` share of the bucket's counted tokens that are upper-clipped,
-        ``clip_lower/{b}`` the same for the lower clip, ``clip_upper_share/{b}`` share of all
-        upper-clipped tokens that fall in the bucket, ``tokens/{b}`` the bucket's token count.
-        Plus ``clip_upper/max_prob`` and ``clip_upper/mean_prob``: the largest and mean sampling
-        probability among upper-clipped tokens (fig. 3a's quantity; 0.0 when none).
-    """
-    if advantages.dim() == 1:
-        advantages = advantages[:, None].expand_as(ratio)
-    m = as_bool_mask(mask, ratio)
-    r = ratio.detach().float()
-    a = advantages.detach().float()
-    upper = m & (a > 0) & (r > 1.0 + eps_high)
-    lower = m & (a < 0) & (r < 1.0 - eps_low)
-    return clip_by_prob_bucket(logp_old, upper, lower, m, edges)
 
 
 @torch.no_grad()
@@ -68,9 +25,21 @@ def clip_by_prob_bucket(
     mask: Tensor,
     edges: tuple[float, ...] | list[float] = DEFAULT_PROB_EDGES,
 ) -> dict[str, float]:
-    """:func:`clipfrac_by_prob_bucket` from the clip masks a policy loss returns
-    (``PolicyLossOutput.clip_upper`` / ``clip_lower``, (B, T) bool), so the buckets show what the
-    loss itself clipped, whatever the variant. Same keys."""
+    """Clip fractions by the sampling probability p = exp(logp_old) of the token (DAPO fig. 3a:
+    the upper clip mostly hits low-probability tokens, which is what Clip-Higher relaxes), from the
+    clip masks a policy loss returns (``PolicyLossOutput.clip_upper`` / ``clip_lower``, (B, T) bool),
+    so the buckets show what the loss itself clipped, whatever the variant.
+
+    Buckets are [edges[j], edges[j+1]), the last one closed.
+
+    Returns:
+        for each bucket, with ``b = f"p{lo:.1f}-{hi:.1f}"`` (e.g. "p0.0-0.1"):
+        ``clip_upper/{b}`` share of the bucket's counted tokens that are upper-clipped,
+        ``clip_lower/{b}`` the same for the lower clip, ``clip_upper_share/{b}`` share of all
+        upper-clipped tokens that fall in the bucket, ``tokens/{b}`` the bucket's token count.
+        Plus ``clip_upper/max_prob`` and ``clip_upper/mean_prob``: the largest and mean sampling
+        probability among upper-clipped tokens (fig. 3a's quantity; 0.0 when none).
+    """
     m = as_bool_mask(mask, logp_old)
     p = torch.exp(logp_old.detach().float())
     upper, lower = clip_upper & m, clip_lower & m

@@ -37,7 +37,6 @@ __all__ = [
     "per_problem_pass_at_k",
     "per_problem_values",
     "reward_equal",
-    "summarize",
     "vote_classes",
     "with_cis",
 ]
@@ -322,23 +321,3 @@ def with_cis(
         lo, hi = bootstrap_ci(v, n_boot=n_boot, alpha=alpha, seed=seed)
         out[name] = {"value": _mean(v), "ci": [lo, hi]}
     return out
-
-
-def summarize(
-    correct: Sequence[Sequence[bool]],
-    answers: Sequence[Sequence[str | None]] | None = None,
-    ground_truths: Sequence[Any] | None = None,
-    ks: Sequence[int] | None = None,
-    equal: EqualFn | None = None,
-    n_boot: int = 1000,
-    alpha: float = 0.05,
-    seed: int = 0,
-) -> dict[str, dict[str, Any]]:
-    """avg@n, pass@k and maj@n (:func:`per_problem_values`) with their CIs (:func:`with_cis`).
-
-    Returns, e.g. for n = 32::
-
-        {"avg@32": {"value": 0.41, "ci": [0.30, 0.52]},
-         "pass@1": {...}, "pass@8": {...}, "pass@32": {...}, "maj@32": {...}}
-    """
-    return with_cis(per_problem_values(correct, answers, ground_truths, ks, equal), n_boot=n_boot, alpha=alpha, seed=seed)

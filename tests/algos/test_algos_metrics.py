@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reasonrl.algos import (
-    clipfrac_by_prob_bucket,
+    clip_by_prob_bucket,
     explained_variance,
     masked_mean,
     masked_var,
@@ -25,7 +25,7 @@ def prefix_mask(B: int, T: int, seed: int) -> torch.Tensor:
     return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
 
 
-def test_clipfrac_by_prob_bucket_matches_loop_and_policy_loss() -> None:
+def test_clip_by_prob_bucket_matches_loop_and_policy_loss() -> None:
     g = torch.Generator().manual_seed(0)
     B, T = 6, 40
     logp_old = torch.log(torch.rand(B, T, generator=g).clamp(min=1e-4))
@@ -33,7 +33,8 @@ def test_clipfrac_by_prob_bucket_matches_loop_and_policy_loss() -> None:
     adv = torch.randn(B, generator=g)
     m = prefix_mask(B, T, seed=1)
     ratio = torch.exp(logp - logp_old)
-    out = clipfrac_by_prob_bucket(logp_old, ratio, adv, m, 0.2, 0.28)
+    loss = policy_loss(logp, logp_old, adv, m, eps_low=0.2, eps_high=0.28)
+    out = clip_by_prob_bucket(logp_old, loss.clip_upper, loss.clip_lower, m)
     edges = [round(0.1 * i, 1) for i in range(11)]
     toks = [
         (math.exp(lo), r, float(adv[i]))
@@ -63,14 +64,15 @@ def test_clipfrac_by_prob_bucket_matches_loop_and_policy_loss() -> None:
     assert ups / total == pytest.approx(met["clipfrac_upper"])
 
 
-def test_clipfrac_by_prob_bucket_custom_edges_and_errors() -> None:
+def test_clip_by_prob_bucket_custom_edges_and_errors() -> None:
     logp_old = torch.log(torch.tensor([[0.05, 0.5, 0.95]]))
     ratio = torch.tensor([[1.5, 1.5, 1.0]])
-    out = clipfrac_by_prob_bucket(logp_old, ratio, torch.tensor([1.0]), torch.ones(1, 3), 0.2, 0.2, edges=(0.0, 0.2, 1.0))
+    upper = ratio > 1.2  # A > 0 everywhere: the upper clip cuts r > 1 + 0.2
+    out = clip_by_prob_bucket(logp_old, upper, torch.zeros_like(upper), torch.ones(1, 3), edges=(0.0, 0.2, 1.0))
     assert out["clip_upper/p0.0-0.2"] == 1.0 and out["clip_upper/p0.2-1.0"] == 0.5
     assert out["clip_upper/max_prob"] == pytest.approx(0.5)
     with pytest.raises(ValueError):
-        clipfrac_by_prob_bucket(logp_old, ratio, torch.tensor([1.0]), torch.ones(1, 3), 0.2, 0.2, edges=(0.5, 0.1))
+        clip_by_prob_bucket(logp_old, upper, torch.zeros_like(upper), torch.ones(1, 3), edges=(0.5, 0.1))
 
 
 @pytest.mark.parametrize("B,T", [(1, 1), (3, 10), (7, 50)])

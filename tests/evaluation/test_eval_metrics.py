@@ -17,7 +17,8 @@ from reasonrl.evaluation.metrics import (
     majority_vote,
     pass_at_k_mean,
     per_problem_maj,
-    summarize,
+    per_problem_values,
+    with_cis,
     vote_classes,
 )
 from reasonrl.rewards import RewardScorer, ScoreStats
@@ -151,9 +152,9 @@ def test_bootstrap_ci() -> None:
         bootstrap_ci([])
 
 
-def test_summarize() -> None:
+def test_per_problem_values_with_cis() -> None:
     answers = [["5", "6", "6", "6"], ["1", "2", "2", None]]
-    out = summarize(CORRECT, answers, ["5", "2"])
+    out = with_cis(per_problem_values(CORRECT, answers, ["5", "2"]))
     assert list(out) == ["avg@4", "pass@1", "pass@4", "maj@4"]  # k = 8 > n = 4 is skipped
     assert out["avg@4"]["value"] == pytest.approx(0.375)
     assert out["pass@1"]["value"] == pytest.approx(0.375)
@@ -161,7 +162,7 @@ def test_summarize() -> None:
     assert out["maj@4"]["value"] == 0.5  # problem 0 votes 6 (wrong), problem 1 votes 2 (right)
     lo, hi = out["avg@4"]["ci"]
     assert 0.25 <= lo <= 0.375 <= hi <= 0.5  # per-problem values are 0.25 and 0.5
-    custom = summarize(CORRECT, ks=(2,))
+    custom = with_cis(per_problem_values(CORRECT, ks=(2,)))
     assert list(custom) == ["avg@4", "pass@2"]
     assert custom["pass@2"]["value"] == pytest.approx(2 / 3)
 
