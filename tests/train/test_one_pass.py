@@ -1,7 +1,8 @@
 """One update per batch: the old log-probs come from the update's own forward (detached), not from a
 separate pass. Checked against the separate pass on the same rollouts: the same old log-probs,
 entropy, rollout/trainer mismatch, TIS weights, losses and gradients (to float tolerance), one
-policy forward less; the separate pass stays where the old log-probs are needed before the update."""
+policy forward less; the separate pass stays where the old log-probs are needed before the update.
+And the micro-batch arrangement inside a mini-batch (groups together, or longest first)."""
 
 from __future__ import annotations
 
@@ -127,3 +128,25 @@ def test_the_separate_pass_stays_where_the_old_logprobs_come_first(tiny_model, w
     assert not st.old_from_update and prep > 0
     assert "rollout/logprob_diff_mean" in m
 
+
+def test_micro_batches_hold_whole_groups_when_prompts_dominate(tiny_model) -> None:
+    """Long shared prompts: a group's rows go together (each prompt computed once); short ones:
+    longest rows first (least padding). Either way the mini-batch's rows, each once."""
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.train.learner import Learner
+
+    tok = load_tokenizer(tiny_model)
+    for plen, together in (((60, 60), True), ((1, 1), False)):
+        groups = _groups(len(tok), n_groups=4, g=4, seed=1, prompt_len=plen)
+        learner = Learner(spec=CASES["grpo"], policy=None, policy_backend=None, critic_backend=None, ref_model=None, sampling=Sampling(),
+                          pad_id=tok.pad_token_id, max_len=12, micro_batch_size=4, mini_batch_size=16, ppo_epochs=1, dtype="fp32", seed=0)
+        st = learner.prepare(groups)
+        mini = torch.randperm(16, generator=torch.Generator().manual_seed(3)).tolist()
+        order = learner.arrange(st, mini)
+        assert sorted(order) == list(range(16))
+        micros = [order[i : i + 4] for i in range(0, 16, 4)]
+        whole = all(len({int(st.group[r]) for r in mic}) == 1 for mic in micros)
+        lengths = st.batch.valid.sum(1)[order].tolist()
+        assert whole == together
+        if not together:
+            assert lengths == sorted(lengths, reverse=True)
