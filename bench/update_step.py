@@ -4,6 +4,7 @@
     .venv/bin/python bench/update_step.py --regime math                    # decode-heavy shape (responses near 256)
     .venv/bin/python bench/update_step.py --variants default --micro 8,16,32,64   # the micro-batch size
     .venv/bin/python bench/update_step.py --rollouts RUN/rollouts/step_2.parquet  # a real step's prompts and responses
+    .venv/bin/python bench/update_step.py --variants default --chunk-bytes 805306368,2097152   # log-prob/entropy chunks: 1024 rows vs cache-sized
 
 The batch: 8 prompts x 8 samples of the regime's prepared prompts (bench/harness.py), responses of
 random tokens (timing does not depend on their values) with lengths drawn like the regime's
@@ -83,6 +84,7 @@ def main() -> None:
     ap.add_argument("--variants", default="separate,fused,default", help="comma list of: separate, fused, default")
     ap.add_argument("--micro", default="16", help="micro-batch sizes (comma list): every variant at each")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--chunk-bytes", default=None, help="comma list of reasonrl.algos.logits.CPU_CHUNK_BYTES values to time (the default chunk's size on CPU)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (the first is a warm-up)")
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench")
     a = ap.parse_args()
@@ -112,18 +114,22 @@ def main() -> None:
     backend = TorchBackend(model, lr=1e-6, weight_decay=0.1, grad_clip=1.0, warmup_steps=0, dtype=dtype)
     snap = {k: v.clone() for k, v in model.state_dict().items()}  # every run starts from these weights
     runs: dict[str, Any] = {}
-    for micro in [int(x) for x in a.micro.split(",")]:
-        for v in a.variants.split(","):
-            learner = Learner(spec=spec, policy=model, policy_backend=backend, critic_backend=None, ref_model=None, sampling=Sampling(),
-                              pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, max_len=max(s.length for s in flat),
-                              micro_batch_size=micro, mini_batch_size=n, ppo_epochs=1, dtype=dtype, seed=0, fuse_old_logp=v != "separate")
-            if v != "default":  # the micro-batches in the mini-batch's random order, as before issue 12
-                learner.arrange = lambda st, mini: mini  # type: ignore[method-assign]
-            runs[f"{v} micro {micro}"] = {"learner": learner, "prepare": [], "update": []}
+    import reasonrl.algos.logits as L
+
+    chunks = [int(x) for x in a.chunk_bytes.split(",")] if a.chunk_bytes else [L.CPU_CHUNK_BYTES]
+    for micro, chunk, v in [(m, c, v) for m in map(int, a.micro.split(",")) for c in chunks for v in a.variants.split(",")]:
+        learner = Learner(spec=spec, policy=model, policy_backend=backend, critic_backend=None, ref_model=None, sampling=Sampling(),
+                          pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, max_len=max(s.length for s in flat),
+                          micro_batch_size=micro, mini_batch_size=n, ppo_epochs=1, dtype=dtype, seed=0, fuse_old_logp=v != "separate")
+        if v != "default":  # the micro-batches in the mini-batch's random order, as before issue 12
+            learner.arrange = lambda st, mini: mini  # type: ignore[method-assign]
+        name = f"{v} micro {micro}" + (f" chunk {chunk >> 10} KiB" if a.chunk_bytes else "")
+        runs[name] = {"learner": learner, "chunk": chunk, "prepare": [], "update": []}
 
     for rnd in range(a.rounds):
         for name, r in runs.items():
             learner = r["learner"]
+            L.CPU_CHUNK_BYTES = r["chunk"]
             model.load_state_dict(snap)
             t0 = time.perf_counter()
             st = learner.prepare(groups, step=rnd + 1)
@@ -135,16 +141,16 @@ def main() -> None:
                 r["prepare"].append(t1 - t0)
                 r["update"].append(t2 - t1)
             r["grads"] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-            print(f"  round {rnd + 1} {name:22s} prepare {t1 - t0:6.2f} s  update {t2 - t1:6.2f} s  total {t2 - t0:6.2f} s"
+            print(f"  round {rnd + 1} {name:32s} prepare {t1 - t0:6.2f} s  update {t2 - t1:6.2f} s  total {t2 - t0:6.2f} s"
                   + ("  (warm-up)" if not rnd else ""), flush=True)
     base = None
-    print(f"\n{'variant':22s} {'prepare s':>9s} {'update s':>9s} {'total s':>8s} {'x first':>8s} {'max rel grad diff':>18s}")
+    print(f"\n{'variant':32s} {'prepare s':>9s} {'update s':>9s} {'total s':>8s} {'x first':>8s} {'max rel grad diff':>18s}")
     for name, r in runs.items():
         p, u = statistics.median(r["prepare"]), statistics.median(r["update"])
         tot = statistics.median([x + y for x, y in zip(r["prepare"], r["update"])])
         base = base or (tot, r["grads"])
         diff = max(float((r["grads"][k] - base[1][k]).abs().max() / (base[1][k].abs().max() + 1e-12)) for k in base[1])
-        print(f"{name:22s} {p:9.2f} {u:9.2f} {tot:8.2f} {base[0] / tot:7.2f}x {diff:18.1e}")
+        print(f"{name:32s} {p:9.2f} {u:9.2f} {tot:8.2f} {base[0] / tot:7.2f}x {diff:18.1e}")
 
 
 if __name__ == "__main__":
