@@ -15,6 +15,9 @@ multiply-add; the tied embedding counts once, as the LM head); the bound is a me
 throughput at decode shape (rows = prompts x samples, the model's widest matmul) divided by that.
 Attention over the context and everything that is not a GEMM is not counted: it is an upper bound.
 
+``--load N`` runs N busy processes (one core's worth each) beside the rounds: the engines under
+another job's load.
+
 Threads: as the ``reasonrl`` CLI does, ``OMP_NUM_THREADS`` defaults to the CPUs available (vLLM's CPU
 backend would otherwise drop torch to one thread); set it to compare other counts.
 """
@@ -102,6 +105,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None, help="SamplingParams.seed (per-prompt seeded sampling)")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--quick", action="store_true", help="8 prompts x 4 samples x 32 tokens, 1 round")
+    ap.add_argument("--load", type=int, default=0, help="busy processes (a pure-Python loop each, one core's worth) running beside the rounds: another job on the machine")
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.samples, args.max_tokens, args.repeats = 8, 4, 32, 1
@@ -174,6 +178,11 @@ def main() -> None:
         return dt, toks, stops / max(1, rows)
 
     results: dict[str, list[tuple[float, int, float]]] = {k: [] for k in runs}
+    import subprocess
+
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    if load:
+        print(f"  load: {args.load} busy process(es) beside the rounds")
     vllm_labels = [k for k, (kind, _) in runs.items() if kind.startswith("vllm")]
     # Keep the main vLLM engine open across rounds when it is the only vLLM config (construction costs).
     keep_vllm = len({id(kw) for k, (kind, kw) in runs.items() if kind.startswith("vllm")}) == 1
@@ -192,6 +201,9 @@ def main() -> None:
                 engines.pop(key).close()
     for eng in engines.values():
         eng.close()
+    for proc in load:
+        proc.kill()
+        proc.wait()
 
     # -------- decode bound
     widest = max(cfg["intermediate_size"], cfg["hidden_size"])

@@ -4,6 +4,23 @@ The order is the papers': old log-probabilities recomputed by the trained model 
 sampler's) and old values; advantages (GAE / decoupled GAE with the critic, or group-relative);
 mini-batch updates of the critic and of the policy with the algo's loss and aggregation. Which
 components run is decided by the algo's row (``reasonrl.algos.ALGOS``), never by its name.
+
+One update per batch (``ppo_epochs`` 1 and the batch in one mini-batch): the old log-probs are the
+update's own forward, detached (the weights are the same, so a separate no-grad pass would give the
+same numbers at the cost of one more forward; the ratio is then exactly 1, its gradient ∇log π).
+``prepare`` then runs only the reference and critic passes, and ``update_policy`` fills
+``old_logp`` and ``entropy`` from each micro-batch's forward; the TIS weights of a micro-batch are
+computed from those detached log-probs before its loss uses them (constants, row-local: the same
+numbers as the separate pass's), and the rollout/trainer mismatch metrics once every row's forward
+ran. The separate pass stays when the old log-probs are needed before the update (a KL penalty in
+the reward), with several updates, or when ``fuse_old_logp=False``. Caveat: the update's forward runs
+in training mode, so for a model with dropout the old log-probs would include its noise
+(reasonrl's models have none; TRL makes the same choice).
+
+Micro-batches: inside a mini-batch, rows are arranged by prompt (a group's rows together, so the
+shared-prompt forward computes each prompt once per micro-batch, not once per row) and by length
+(similar lengths together: less padding); the mini-batch itself stays a random draw, and the
+accumulated gradient is the mini-batch's whatever the arrangement.
 """
 
 from __future__ import annotations
@@ -37,6 +54,8 @@ class StepTensors:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
     metrics: dict[str, float] = field(default_factory=dict)  # rollout/trainer mismatch, TIS
+    group: torch.Tensor | None = None  # (B,) each row's group (rows of a group share the prompt)
+    old_from_update: bool = False  # old_logp / entropy / metrics are filled by update_policy's forward
 
 
 class Learner:
@@ -56,11 +75,14 @@ class Learner:
         micro_batch_size, mini_batch_size: per process; ppo_epochs: passes over the batch.
         seed: the run's seed; step k's mini-batch shuffle is seeded by (seed, k, rank).
         ranks: this process among the run's processes (loss normalisation and metrics are global).
+        fuse_old_logp: with one update per batch, take the old log-probs from the update's own
+            forward (module doc); False always runs the separate pass.
     """
 
     def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module | None, policy_backend: Any, critic_backend: Any,
                  ref_model: torch.nn.Module | None, sampling: A.Sampling, pad_id: int, max_len: int, micro_batch_size: int,
-                 mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, ranks: Ranks | None = None) -> None:
+                 mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, ranks: Ranks | None = None,
+                 fuse_old_logp: bool = True) -> None:
         self.spec, self.policy, self.policy_backend, self.critic_backend, self.ref_model = spec, policy, policy_backend, critic_backend, ref_model
         self.sampling = sampling
         self.pad_id, self.max_len = pad_id, max_len
@@ -69,6 +91,7 @@ class Learner:
         self.rank, self.world = self.ranks.rank, self.ranks.world
         self.seed = seed
         self.gen = torch.Generator().manual_seed(mix(seed, 0, self.rank))
+        self.fuse_old_logp = fuse_old_logp
 
     @property
     def device(self) -> torch.device:
@@ -80,10 +103,19 @@ class Learner:
     def _micro_slices(self, n: int) -> list[list[int]]:
         return [list(range(i, min(i + self.micro, n))) for i in range(0, n, self.micro)]
 
+    def one_update(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` (this process's) takes its old log-probs from the update's own
+        forward: exactly one policy update (one epoch, one mini-batch) and nothing that needs them
+        before it (a KL penalty in the reward). The same answer on every rank (equal shares)."""
+        s = self.spec
+        return (self.fuse_old_logp and self.policy_backend is not None and self.epochs == 1 and rows <= self.mini
+                and not (s.kl_in_reward and s.kl_coef > 0 and self.ref_model is not None))
+
     @torch.no_grad()
     def prepare(self, groups: list[list[Sample]], *, step: int = 0) -> StepTensors:
         """Old log-probs, entropy, values (and reference log-probs) of the batch, under the current
-        weights; the mismatch with the sampler's log-probs. Padding copies get no valid token."""
+        weights; the mismatch with the sampler's log-probs. Padding copies get no valid token.
+        With one update per batch (:meth:`one_update`) the policy's part is left to ``update_policy``."""
         self.gen = torch.Generator().manual_seed(mix(self.seed, step, self.rank))  # this step's mini-batch order
         flat = [s for g in groups for s in g]
         loss_rows = [not (s.pad or (self.spec.overlong_filter and s.truncated)) for s in flat]
@@ -93,41 +125,50 @@ class Learner:
         sampler_logp = torch.zeros(B, T)
         for i, smp in enumerate(flat):
             sampler_logp[i, : len(smp.logprobs)] = torch.tensor(smp.logprobs, dtype=torch.float32)
-        old_logp = torch.zeros(B, T)
-        entropy = torch.zeros(B, T)
-        ref_logp = torch.zeros(B, T) if self.ref_model is not None else None
-        values = torch.zeros(B, T) if self.critic_backend is not None else None
-        policy = self.policy
-        if policy is not None:
-            policy.eval()
+        rewards = torch.tensor([s.shaped_reward for s in flat], dtype=torch.float32)
+        correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
+        st = StepTensors(batch, torch.zeros(B, T), torch.zeros(B, T), rewards, correct, sampler_logp,
+                         values=torch.zeros(B, T) if self.critic_backend is not None else None,
+                         ref_logp=torch.zeros(B, T) if self.ref_model is not None else None,
+                         group=torch.tensor([s.group for s in flat], dtype=torch.long), old_from_update=self.one_update(B))
+        self._forward_passes(st, policy=self.policy is not None and not st.old_from_update)
+        if not st.old_from_update:
+            self._off_policy(st)
+        return st
+
+    @torch.no_grad()
+    def _forward_passes(self, st: StepTensors, *, policy: bool, others: bool = True) -> None:
+        """The no-grad passes over the batch in group order: the policy's (old log-probs, entropy)
+        when ``policy``; the reference's and the critic's when ``others`` (and the algo has them)."""
+        batch, B = st.batch, st.batch.response_ids.shape[0]
+        if not (policy or (others and (st.ref_logp is not None or st.values is not None))):
+            return
+        models = [m for m in (self.policy if policy else None, self.critic_backend.model if others and st.values is not None else None) if m is not None]
+        for m in models:
+            m.eval()
         for idx in self._micro_slices(B):
             mb = batch.select(idx).to(self.device)
             t = mb.T
             with autocast_ctx(self.dtype):
-                if policy is not None:
-                    logits = response_logits(policy, mb)
-                    old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
-                    entropy[idx, :t] = (A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) * mb.valid).cpu()
+                if policy:
+                    logits = response_logits(self.policy, mb)
+                    st.old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
+                    st.entropy[idx, :t] = (A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) * mb.valid).cpu()
                     del logits
-                if ref_logp is not None:
+                if others and st.ref_logp is not None:
                     ref_logits = response_logits(self.ref_model, mb)
-                    ref_logp[idx, :t] = (A.logprobs_from_logits(ref_logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
-                if values is not None:
-                    self.critic_backend.model.eval()
-                    values[idx, :t] = (response_values(self.critic_backend.model, mb) * mb.valid).cpu()
-        if policy is not None:
-            policy.train()
-        if self.critic_backend is not None:
-            self.critic_backend.model.train()
-        rewards = torch.tensor([s.shaped_reward for s in flat], dtype=torch.float32)
-        correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
-        st = StepTensors(batch, old_logp, entropy, rewards, correct, sampler_logp, values, ref_logp)
-        # The rollout/trainer gap over the loss tokens, always; corrected when the row asks (TIS).
-        st.metrics = self._mismatch(old_logp, sampler_logp, batch.mask)
+                    st.ref_logp[idx, :t] = (A.logprobs_from_logits(ref_logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
+                if others and st.values is not None:
+                    st.values[idx, :t] = (response_values(self.critic_backend.model, mb) * mb.valid).cpu()
+        for m in models:
+            m.train()
+
+    def _off_policy(self, st: StepTensors) -> None:
+        """The rollout/trainer gap over the loss tokens, always; the TIS weights when the row asks."""
+        st.metrics = self._mismatch(st.old_logp, st.sampler_logp, st.batch.mask)
         if self.spec.tis_cap is not None:
-            st.is_weights, tis = A.truncated_is_weights(old_logp, sampler_logp, batch.mask, cap=self.spec.tis_cap, level=self.spec.tis_level)
+            st.is_weights, tis = A.truncated_is_weights(st.old_logp, st.sampler_logp, st.batch.mask, cap=self.spec.tis_cap, level=self.spec.tis_level)
             st.metrics.update({f"actor/{k}": v for k, v in tis.items()})
-        return st
 
     def advantages(self, st: StepTensors, *, group_size: int) -> None:
         """Fill st.advantages / st.returns with the algo's advantage estimator."""
@@ -153,6 +194,32 @@ class Learner:
             perm = torch.randperm(B, generator=self.gen).tolist()
             out += [perm[i : i + self.mini] for i in range(0, B, self.mini)]
         return out
+
+    def arrange(self, st: StepTensors, mini: list[int]) -> list[int]:
+        """The mini-batch's rows in the order they are cut into micro-batches: the cheaper (by a
+        token count of the two passes: each micro-batch's distinct prompts at its longest prompt,
+        its rows at its longest response) of a group's rows together (groups longest first, each
+        longest first: every prompt computed once per micro-batch) and all rows longest first
+        (least padding; each row may bring its own prompt)."""
+        if len(mini) <= self.micro:
+            return mini
+        resp = st.batch.valid.sum(1).tolist()
+        prompt = st.batch.attention_mask[:, : st.batch.prompt_len].sum(1).tolist()
+        group = st.group.tolist() if st.group is not None else list(range(len(resp)))
+        top: dict[int, float] = {}
+        for r in mini:
+            top[group[r]] = max(top.get(group[r], 0.0), resp[r])
+
+        def cost(order: list[int]) -> float:
+            total = 0.0
+            for i in range(0, len(order), self.micro):
+                mic = order[i : i + self.micro]
+                total += len({group[r] for r in mic}) * max(prompt[r] for r in mic) + len(mic) * max(resp[r] for r in mic)
+            return total
+
+        by_group = sorted(mini, key=lambda r: (-top[group[r]], group[r], -resp[r]))
+        by_length = sorted(mini, key=lambda r: (-resp[r], group[r]))
+        return min(by_group, by_length, key=cost)
 
     def _weights(self, mask: torch.Tensor, mini: list[int], agg: str) -> list[tuple[list[int], float]]:
         """Each micro-batch's weight so the accumulated gradient equals the mini-batch's aggregate.
@@ -207,8 +274,9 @@ class Learner:
         peak = [0.0]  # the largest ratio of any counted token of any update (a max, not a mean)
         minis = self._minibatches(st.batch.input_ids.shape[0])
         per_epoch = len(minis) // self.epochs
+        fused = st.old_from_update
         for mi, mini in enumerate(minis):
-            micros = self._weights(st.batch.mask, mini, agg)
+            micros = self._weights(st.batch.mask, self.arrange(st, mini), agg)
             track = mi >= len(minis) - per_epoch
             nll_den = self._correct_tokens(st, mini) if s.pos_lm_coef > 0 and micros else None
 
@@ -218,10 +286,18 @@ class Learner:
                 t, dev = mb.T, self.device
                 logits = response_logits(model, mb)
                 logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling)
+                if fused:  # the old log-probs are this forward's, detached (module doc); entropy from the same logits
+                    old = logp.detach()
+                    with torch.no_grad():
+                        ent = A.entropy_from_logits(logits.detach(), sampling=self.sampling, token_ids=mb.response_ids)
+                    st.old_logp[idx, :t], st.entropy[idx, :t] = (old * mb.valid).cpu(), (ent * mb.valid).cpu()
+                    isw = None if s.tis_cap is None else A.truncated_is_weights(old, st.sampler_logp[idx, :t].to(dev), mb.mask, cap=s.tis_cap,
+                                                                                  level=s.tis_level)[0]
+                else:
+                    old = st.old_logp[idx, :t].to(dev)
+                    isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
                 del logits
                 adv = st.advantages[idx, :t].to(dev)
-                old = st.old_logp[idx, :t].to(dev)
-                isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
                 out = A.POLICY_LOSSES[s.policy_loss](logp, old, adv, mb.mask, params=params, agg=agg, max_len=max_len, is_weights=isw)
                 loss, m = out.loss, dict(out.metrics)
                 peak[0] = max(peak[0], m.pop("ratio_max", 0.0))
@@ -247,10 +323,14 @@ class Learner:
                               **{k: v / self.world for k, v in nll_m.items()}}
 
             if not micros:
+                if fused:  # no update (nothing counted on any rank): the old log-probs and entropy still come from a forward
+                    self._forward_passes(st, policy=True, others=False)
                 continue
             out = self.policy_backend.step(micros, loss_fn)
             for k, v in out.items():
                 metrics.setdefault(k, []).append(v)
+        if fused:
+            self._off_policy(st)
         res: dict[str, Any] = {f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
         res["actor/ratio_max"] = float(self._all_max(torch.tensor(peak[0], dtype=torch.float64)))
         if buckets:  # counts over every rank's tokens
@@ -272,7 +352,7 @@ class Learner:
         assert st.values is not None and st.returns is not None
         metrics: dict[str, list[float]] = {}
         for mini in self._minibatches(st.batch.input_ids.shape[0]):
-            micros = self._weights(st.batch.valid, mini, "token-mean")  # the value loss counts every valid token
+            micros = self._weights(st.batch.valid, self.arrange(st, mini), "token-mean")  # the value loss counts every valid token
 
             def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
                 idx, w = item

@@ -48,15 +48,14 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         m["_samples"] = col.generated
         return m
 
-    # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights.
+    # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights. With
+    #    one update per batch the old log-probs are the update's own forward, detached (Learner).
     status(f"step {step}: prepare (old log-probs, values)")
     t0 = time.perf_counter()
     st = learner.prepare(col.groups, step=step)
     m["perf/prepare_s"] = time.perf_counter() - t0
-    m.update(st.metrics)
     # 3. Advantages.
     learner.advantages(st, group_size=group_size)
-    m.update(rollout_metrics(col, st, collector.ranks))
     # 4. Updates: the critic, then the policy.
     if learner.critic_backend is not None:
         status(f"step {step}: update critic")
@@ -69,6 +68,8 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m.update(learner.update_policy(st))
     learner.policy_backend.scheduler_step()
     m["perf/update_actor_s"] = time.perf_counter() - t1
+    m.update(st.metrics)  # rollout/trainer mismatch, TIS
+    m.update(rollout_metrics(col, st, collector.ranks))  # (entropy: of the old log-probs' forward)
     m.update(position_metrics(st))
     # Divergence guard: the backends made no optimizer step where the loss or the gradient norm was
     # not finite; the step is marked bad (the caller counts bad steps in a row and stops).

@@ -242,3 +242,23 @@ def test_sampling_logits_disabled_and_combined() -> None:
     assert (torch.isfinite(both).sum(-1) >= 1).all()
     # the argmax always survives
     assert torch.isfinite(both.gather(-1, logits.argmax(-1, keepdim=True))).all()
+
+
+def test_auto_chunks_are_cache_sized_on_cpu_and_change_nothing() -> None:
+    """The default chunk ("auto") splits a (12, 100k) bf16 batch into several cache-sized chunks
+    (CPU_CHUNK_BYTES of float32 rows): the same values and gradients as one chunk; a bad size is an error."""
+    from reasonrl.algos.logits import CPU_CHUNK_BYTES
+
+    V = 100_000
+    assert 1 <= CPU_CHUNK_BYTES // (4 * V) < 12
+    x0 = (torch.randn(12, V, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16)
+    ids = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for c in ("auto", None):
+        x = x0.clone().requires_grad_(True)
+        (logprobs_from_logits(x, ids, chunk_size=c).sum() + entropy_from_logits(x, chunk_size=c).sum()).backward()
+        out[c] = (logprobs_from_logits(x0, ids, chunk_size=c), entropy_from_logits(x0, chunk_size=c), x.grad.float())
+    for a, b in zip(out["auto"], out[None]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="chunk_size"):
+        entropy_from_logits(x0, chunk_size="big")

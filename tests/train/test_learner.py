@@ -29,7 +29,7 @@ def _groups(vocab: int, n_groups: int = 2, g: int = 4, seed: int = 0, truncate_e
     return out
 
 
-def _learner(model_dir, spec, micro: int, mini: int, critic: bool = False):
+def _learner(model_dir, spec, micro: int, mini: int, critic: bool = False, fuse: bool = True):
     from reasonrl.models.loading import load_causal_lm, load_tokenizer
     from reasonrl.train.backend import TorchBackend
     from reasonrl.train.learner import Learner
@@ -43,11 +43,11 @@ def _learner(model_dir, spec, micro: int, mini: int, critic: bool = False):
 
         cb = TorchBackend(new_value_model(model_dir), lr=1e-9, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, dtype="fp32")
     return Learner(spec=spec, policy=policy, policy_backend=pb, critic_backend=cb, ref_model=None, sampling=Sampling(), pad_id=tok.pad_token_id,
-                   max_len=10, micro_batch_size=micro, mini_batch_size=mini, ppo_epochs=1, dtype="fp32", seed=0), tok
+                   max_len=10, micro_batch_size=micro, mini_batch_size=mini, ppo_epochs=1, dtype="fp32", seed=0, fuse_old_logp=fuse), tok
 
 
 def test_ratio_max_is_the_max_over_micro_batches(tiny_model) -> None:
-    learner, tok = _learner(tiny_model, get_algo("grpo"), micro=2, mini=8)
+    learner, tok = _learner(tiny_model, get_algo("grpo"), micro=2, mini=8, fuse=False)  # (the separate pass: old_logp edited below)
     st = learner.prepare(_groups(len(tok)))
     learner.advantages(st, group_size=4)
     st.old_logp[0] -= 1.0 * st.batch.valid[0]  # row 0's tokens: ratio e before any update

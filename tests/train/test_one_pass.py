@@ -1,0 +1,152 @@
+"""One update per batch: the old log-probs come from the update's own forward (detached), not from a
+separate pass. Checked against the separate pass on the same rollouts: the same old log-probs,
+entropy, rollout/trainer mismatch, TIS weights, losses and gradients (to float tolerance), one
+policy forward less; the separate pass stays where the old log-probs are needed before the update.
+And the micro-batch arrangement inside a mini-batch (groups together, or longest first)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from reasonrl.algos import Sampling, get_algo
+from reasonrl.samples import Sample
+
+
+def _groups(vocab: int, n_groups: int = 3, g: int = 4, seed: int = 0, prompt_len: tuple[int, int] = (3, 9)) -> list[list[Sample]]:
+    rng = random.Random(seed)
+    out = []
+    for gi in range(n_groups):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_len))]
+        group = []
+        for j in range(g):
+            resp = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))]
+            correct = (gi + j) % 3 == 0
+            # sampler log-probs off the trainer's by a known amount, so the mismatch and TIS have something to see
+            lps = [-2.0 + 0.1 * ((k + j) % 5) for k in range(len(resp))]
+            group.append(Sample(group=gi, prompt_index=gi, prompt="", prompt_ids=prompt, response="", response_ids=resp, logprobs=lps,
+                                finish_reason="stop", truncated=j == 3, ground_truth="0", reward=1.0 if correct else -1.0, correct=correct,
+                                shaped_reward=1.0 if correct else -1.0))
+        out.append(group)
+    return out
+
+
+class _Count:
+    """Counts the policy's forward calls (a forward pre-hook)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.n = 0
+        model.register_forward_pre_hook(self)
+
+    def __call__(self, *_: object) -> None:
+        self.n += 1
+
+
+def _run(model_dir, spec, *, fuse: bool, micro: int = 3, epochs: int = 1, mini: int | None = None, ref: bool = False, critic: bool = False):
+    """prepare → advantages → (critic) → policy update on fixed rollouts; what the two paths must agree on."""
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+    from reasonrl.train.backend import TorchBackend
+    from reasonrl.train.learner import Learner
+
+    tok = load_tokenizer(model_dir)
+    groups = _groups(len(tok))
+    n = sum(len(g) for g in groups)
+    torch.manual_seed(0)
+    policy = load_causal_lm(model_dir)
+    calls = _Count(policy)
+    pb = TorchBackend(policy, lr=1e-3, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, dtype="fp32")
+    cb = None
+    if critic:
+        from reasonrl.models.value import new_value_model
+
+        cb = TorchBackend(new_value_model(model_dir, seed=0), lr=1e-3, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, dtype="fp32")
+    learner = Learner(spec=spec, policy=policy, policy_backend=pb, critic_backend=cb, ref_model=load_causal_lm(model_dir).eval() if ref else None,
+                      sampling=Sampling(0.9, -1, 1.0), pad_id=tok.pad_token_id, max_len=12, micro_batch_size=micro, mini_batch_size=mini or n,
+                      ppo_epochs=epochs, dtype="fp32", seed=0, fuse_old_logp=fuse)
+    st = learner.prepare(groups)
+    prepare_calls = calls.n
+    learner.advantages(st, group_size=4)
+    m = learner.update_critic(st) if critic else {}
+    m.update(learner.update_policy(st))
+    m.update(st.metrics)
+    grads = {k: p.grad.clone() for k, p in policy.named_parameters() if p.grad is not None}
+    return st, m, grads, prepare_calls, calls.n
+
+
+CASES = {
+    "grpo": get_algo("grpo").replace(dynamic_sampling=False),
+    "dapo+tis-token": get_algo("dapo").replace(dynamic_sampling=False, tis_cap=2.0, tis_level="token"),
+    "dapo+tis-sequence": get_algo("dapo").replace(dynamic_sampling=False, tis_cap=2.0, tis_level="sequence", overlong_filter=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_update_takes_the_old_logprobs_from_its_own_forward(tiny_model, case) -> None:
+    spec = CASES[case]
+    st0, m0, g0, prep0, total0 = _run(tiny_model, spec, fuse=False)
+    st1, m1, g1, prep1, total1 = _run(tiny_model, spec, fuse=True)
+    assert not st0.old_from_update and st1.old_from_update
+    # one policy forward less: the separate pass made 2 calls (shared prompt: 2 passes) per micro-batch, the fused none
+    assert prep1 == 0 and prep0 > 0 and total1 == total0 - prep0
+    torch.testing.assert_close(st1.old_logp, st0.old_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(st1.entropy, st0.entropy, rtol=1e-5, atol=1e-5)
+    assert bool((st1.old_logp != 0).any()) and bool((st1.entropy > 0).any())
+    for k in ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/mismatch_kl", "actor/pg_loss", "actor/grad_norm"):
+        assert m1[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), k
+    assert m0["rollout/logprob_diff_mean"] > 0.1  # the sampler's log-probs are off: the metrics measure something
+    if spec.tis_cap is not None:
+        torch.testing.assert_close(st1.is_weights, st0.is_weights, rtol=1e-4, atol=1e-5)
+        assert float(st0.is_weights[st0.batch.mask.bool()].min()) < 1.9  # weights vary: TIS changes the gradient
+        for k in ("actor/tis_weight_mean", "actor/tis_truncated_frac"):
+            assert m1[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), k
+    assert g0.keys() == g1.keys() and g0
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-6)
+
+
+def test_with_a_critic_and_a_kl_loss_only_the_policy_pass_moves(tiny_model) -> None:
+    spec = get_algo("ppo").replace(kl_coef=0.1, kl_in_reward=False)
+    st0, m0, g0, _, _ = _run(tiny_model, spec, fuse=False, ref=True, critic=True)
+    st1, m1, g1, _, _ = _run(tiny_model, spec, fuse=True, ref=True, critic=True)
+    assert st1.old_from_update
+    torch.testing.assert_close(st1.values, st0.values, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(st1.ref_logp, st0.ref_logp, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(st1.old_logp, st0.old_logp, rtol=1e-5, atol=1e-5)
+    assert m1["actor/kl_ref"] == pytest.approx(m0["actor/kl_ref"], rel=1e-4, abs=1e-7)
+    assert m1["critic/vf_loss"] == pytest.approx(m0["critic/vf_loss"], rel=1e-5)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("why", ["two epochs", "two mini-batches", "kl in the reward"])
+def test_the_separate_pass_stays_where_the_old_logprobs_come_first(tiny_model, why) -> None:
+    kw: dict = {"two epochs": {"epochs": 2}, "two mini-batches": {"mini": 6}, "kl in the reward": {"ref": True}}[why]
+    spec = get_algo("ppo").replace(kl_coef=0.1, kl_in_reward=True) if why == "kl in the reward" else CASES["grpo"]
+    st, m, _, prep, _ = _run(tiny_model, spec, fuse=True, critic=why == "kl in the reward", **kw)
+    assert not st.old_from_update and prep > 0
+    assert "rollout/logprob_diff_mean" in m
+
+
+def test_micro_batches_hold_whole_groups_when_prompts_dominate(tiny_model) -> None:
+    """Long shared prompts: a group's rows go together (each prompt computed once); short ones:
+    longest rows first (least padding). Either way the mini-batch's rows, each once."""
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.train.learner import Learner
+
+    tok = load_tokenizer(tiny_model)
+    for plen, together in (((60, 60), True), ((1, 1), False)):
+        groups = _groups(len(tok), n_groups=4, g=4, seed=1, prompt_len=plen)
+        learner = Learner(spec=CASES["grpo"], policy=None, policy_backend=None, critic_backend=None, ref_model=None, sampling=Sampling(),
+                          pad_id=tok.pad_token_id, max_len=12, micro_batch_size=4, mini_batch_size=16, ppo_epochs=1, dtype="fp32", seed=0)
+        st = learner.prepare(groups)
+        mini = torch.randperm(16, generator=torch.Generator().manual_seed(3)).tolist()
+        order = learner.arrange(st, mini)
+        assert sorted(order) == list(range(16))
+        micros = [order[i : i + 4] for i in range(0, 16, 4)]
+        whole = all(len({int(st.group[r]) for r in mic}) == 1 for mic in micros)
+        lengths = st.batch.valid.sum(1)[order].tolist()
+        assert whole == together
+        if not together:
+            assert lengths == sorted(lengths, reverse=True)
