@@ -106,7 +106,8 @@ def trl_worker(spec_path: str) -> None:
         use_cpu=not torch.cuda.is_available(), bf16=spec["dtype"] == "bf16", fp16=False, gradient_checkpointing=False, disable_dropout=True,
         logging_steps=1, report_to="none", save_strategy="no", seed=spec["seed"], disable_tqdm=True, dataloader_num_workers=0,
     )
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    # bf16: the weights themselves in bf16 (generation and training both in bf16, TRL's fastest CPU/GPU setting), not fp32 + autocast.
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16 if spec["dtype"] == "bf16" else torch.float32)
     trainer = TimedGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_dict(data), processing_class=tok,
                                callbacks=[StepTimer()])
     trainer.train()
@@ -171,7 +172,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="fp32: everything fp32; bf16: reasonrl --dtype bf16, TRL bf16=True (autocast in its training forward; its generation stays fp32)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="fp32: everything fp32; bf16: reasonrl --dtype bf16 (bf16 engine, fp32 weights + bf16 autocast in training), TRL with bf16 weights and bf16=True (generation and training in bf16: its fastest setting)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, logs, and run directories (metrics.jsonl + config.json; checkpoints deleted)")
     ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
