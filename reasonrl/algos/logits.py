@@ -128,62 +128,63 @@ def sampling_logits(logits: Tensor, sampling: Sampling = PLAIN) -> Tensor:
     return z.masked_fill(z == torch.finfo(z.dtype).min, float("-inf")).reshape(*lead, V)
 
 
-class _ChunkedEntropy(torch.autograd.Function):
-    """(N, V) logits -> (N,) entropies; backward dH/dx = -p * (x - sum_v p_v x_v)."""
+def _entropy_value(z: Tensor, ids: Tensor | None) -> Tensor:
+    """H = logsumexp(z) - sum_v p_v z_v, per row."""
+    return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+
+def _entropy_grad(z: Tensor, ids: Tensor | None, g: Tensor) -> Tensor:
+    """dH/dz scaled by g (N, 1): -g * p * (z - sum_v p_v z_v)."""
+    p = torch.softmax(z, dim=-1)
+    return -g * p * (z - (p * z).sum(dim=-1, keepdim=True))
+
+
+def _logprob_value(z: Tensor, ids: Tensor | None) -> Tensor:
+    """z_id - logsumexp(z), per row."""
+    assert ids is not None
+    return z.gather(-1, ids[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
+def _logprob_grad(z: Tensor, ids: Tensor | None, g: Tensor) -> Tensor:
+    """d log p_id / dz scaled by g (N, 1): g * (onehot(id) - p)."""
+    assert ids is not None
+    gz = -g * torch.softmax(z, dim=-1)
+    return gz.scatter_add_(-1, ids[:, None], g)
+
+
+_ROWWISE = {"entropy": (_entropy_value, _entropy_grad), "logprob": (_logprob_value, _logprob_grad)}
+
+
+class _Chunked(torch.autograd.Function):
+    """(N, V) logits (and (N,) ids) -> (N,) per-row values, ``step`` rows at a time: the processed
+    logits (temperature, top-k/top-p) of one chunk exist at once, forward and backward alike; the
+    backward recomputes them from the saved raw logits. ``kind`` picks the value and its gradient
+    with respect to the processed logits (``_ROWWISE``); the chain rule through the temperature is
+    the ``1 / T`` factor, and filtered-out entries get no gradient (their processed value is a
+    constant)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, ids: Tensor | None, step: int, sampling: Sampling) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, ids: Tensor | None, step: int, sampling: Sampling, kind: str) -> Tensor:  # type: ignore[override]
+        value = _ROWWISE[kind][0]
         out = torch.empty(x.shape[0], dtype=_out_dtype(x.dtype), device=x.device)
         for s in _chunks(x.shape[0], step):
-            zc = _processed(x[s : s + step], sampling, None if ids is None else ids[s : s + step])
-            p = torch.softmax(zc, dim=-1)
-            out[s : s + step] = torch.logsumexp(zc, dim=-1) - (p * zc).sum(dim=-1)
+            idc = None if ids is None else ids[s : s + step]
+            out[s : s + step] = value(_processed(x[s : s + step], sampling, idc), idc)
         ctx.save_for_backward(x, ids)
-        ctx.step, ctx.sampling = step, sampling
+        ctx.step, ctx.sampling, ctx.kind = step, sampling, kind
         return out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None, None]:  # type: ignore[override]
         x, ids = ctx.saved_tensors
-        step, sampling = ctx.step, ctx.sampling
+        step, sampling, grad_of = ctx.step, ctx.sampling, _ROWWISE[ctx.kind][1]
         grad = torch.empty_like(x)
         for s in _chunks(x.shape[0], step):
-            zc = _processed(x[s : s + step], sampling, None if ids is None else ids[s : s + step])
-            p = torch.softmax(zc, dim=-1)
-            mean_z = (p * zc).sum(dim=-1, keepdim=True)
-            gc = g[s : s + step, None].to(zc.dtype) / sampling.temperature
-            grad[s : s + step] = (-gc * p * (zc - mean_z)).to(x.dtype)
-        return grad, None, None, None
-
-
-class _ChunkedLogprob(torch.autograd.Function):
-    """(N, V) logits, (N,) ids -> (N,) x_id - logsumexp(x); backward g * (onehot(id) - p)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, ids: Tensor, step: int, sampling: Sampling) -> Tensor:  # type: ignore[override]
-        out = torch.empty(x.shape[0], dtype=_out_dtype(x.dtype), device=x.device)
-        for s in _chunks(x.shape[0], step):
-            zc = _processed(x[s : s + step], sampling, ids[s : s + step])
-            picked = zc.gather(-1, ids[s : s + step, None]).squeeze(-1)
-            out[s : s + step] = picked - torch.logsumexp(zc, dim=-1)
-        ctx.save_for_backward(x, ids)
-        ctx.step, ctx.sampling = step, sampling
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
-        x, ids = ctx.saved_tensors
-        step, sampling = ctx.step, ctx.sampling
-        grad = torch.empty_like(x)
-        for s in _chunks(x.shape[0], step):
-            zc = _processed(x[s : s + step], sampling, ids[s : s + step])
-            gc = g[s : s + step, None].to(zc.dtype) / sampling.temperature
-            gx = -gc * torch.softmax(zc, dim=-1)
-            gx.scatter_add_(-1, ids[s : s + step, None], gc)
-            grad[s : s + step] = gx.to(x.dtype)
-        return grad, None, None, None
+            idc = None if ids is None else ids[s : s + step]
+            zc = _processed(x[s : s + step], sampling, idc)
+            grad[s : s + step] = grad_of(zc, idc, g[s : s + step, None].to(zc.dtype) / sampling.temperature).to(x.dtype)
+        return grad, None, None, None, None
 
 
 def _rowwise(kind: str, x: Tensor, ids: Tensor | None, chunk_size: int | str | None, sampling: Sampling) -> Tensor:
@@ -208,11 +209,7 @@ def _rowwise(kind: str, x: Tensor, ids: Tensor | None, chunk_size: int | str | N
         raise ValueError(f"chunk_size must be > 0, None or 'auto', got {chunk_size}")
     step = max(n, 1) if chunk_size is None else chunk_size
     flat_ids = None if ids is None else ids.reshape(-1)
-    if kind == "entropy":
-        out = _ChunkedEntropy.apply(x2, flat_ids, step, sampling)
-    else:
-        assert flat_ids is not None
-        out = _ChunkedLogprob.apply(x2, flat_ids, step, sampling)
+    out = _Chunked.apply(x2, flat_ids, step, sampling, kind)
     return out.view(lead)
 
 

@@ -8,7 +8,7 @@ reason ("stop": EOS or a stop token; "length": hit ``max_tokens``). Engines neve
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
@@ -57,19 +57,6 @@ class Completion:
         return self.finish_reason == "length"
 
 
-@dataclass
-class GenerationStats:
-    prompts: int = 0
-    completions: int = 0
-    tokens: int = 0
-    seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
 ProgressFn = Callable[[int, int], None]
 """``progress(completions, tokens)``: called while ``generate`` runs, each time some completions
 finish (how many finished since the last call, and the tokens they hold). Display only: it never
@@ -78,7 +65,6 @@ changes what is generated."""
 
 class GenerationEngine(Protocol):
     name: str
-    last_stats: GenerationStats
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         """``len(prompts)`` lists of ``params.n`` completions each; ``progress`` (optional) hears

@@ -13,13 +13,12 @@ the trainer scores tokens with; at temperature 0 (greedy) they are ``log_softmax
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 import torch
 
 from reasonrl.algos.logits import Sampling, sampling_logits
-from reasonrl.engines.base import Completion, GenerationStats, ProgressFn, SamplingParams, prompt_seeds
+from reasonrl.engines.base import Completion, ProgressFn, SamplingParams, prompt_seeds
 
 
 class HFEngine:
@@ -41,7 +40,6 @@ class HFEngine:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(self.eos_ids))
         self.batch_size = batch_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.last_stats = GenerationStats()
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         with torch.no_grad():
@@ -55,7 +53,6 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
-        t0 = time.perf_counter()
         seeds = prompt_seeds(params, len(prompts))
         if seeds and seeds[0] is None:  # unseeded: the engine's own stream picks the prompts' seeds
             seeds = torch.randint(0, 2**62, (len(prompts),), generator=self.generator).tolist()
@@ -76,8 +73,6 @@ class HFEngine:
         for (i, _), c in zip(rows, results):
             assert c is not None
             grouped[i].append(c)
-        n_tok = sum(len(c.token_ids) for c in results if c is not None)
-        self.last_stats = GenerationStats(len(prompts), len(rows), n_tok, time.perf_counter() - t0)
         return grouped
 
     def _generate_batch(self, prompts: list[list[int]], p: SamplingParams, keys: list[int], seeds: list[int]) -> list[Completion]:

@@ -33,7 +33,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, ProgressFn, SamplingParams, eos_token_ids, prompt_seeds
+from reasonrl.engines.base import Completion, ProgressFn, SamplingParams, eos_token_ids, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
 
@@ -56,7 +56,6 @@ class ServerEngine:
         self._model = model
         self._transfer: Any = None  # vLLM's trainer-side NCCL engine, opened at the first update
         self._source: Any = None
-        self.last_stats = GenerationStats()
         self.last_update_seconds = 0.0
 
     # ------------------------------------------------------------------ HTTP
@@ -127,7 +126,6 @@ class ServerEngine:
         return [_completion(c) for c in choices]
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
-        t0 = time.perf_counter()
         _ = self.model  # fail early, once, when a server is unreachable
         n = len(self.urls)
         jobs = [(self.urls[i % n], [int(t) for t in pr], seed) for i, (pr, seed) in enumerate(zip(prompts, prompt_seeds(params, len(prompts))))]
@@ -140,8 +138,6 @@ class ServerEngine:
 
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency * n, max(1, len(jobs)))) as pool:
             grouped = list(pool.map(one, jobs))
-        n_tok = sum(len(c.token_ids) for g in grouped for c in g)
-        self.last_stats = GenerationStats(len(prompts), sum(len(g) for g in grouped), n_tok, time.perf_counter() - t0)
         return grouped
 
     # ------------------------------------------------------------------ weights

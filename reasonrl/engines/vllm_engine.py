@@ -70,7 +70,7 @@ import re
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
-from reasonrl.engines.base import Completion, GenerationStats, ProgressFn, SamplingParams, eos_token_ids, model_config, prompt_seeds
+from reasonrl.engines.base import Completion, ProgressFn, SamplingParams, eos_token_ids, model_config, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,6 @@ class VLLMEngine:
         except ValueError as e:
             raise ReasonRLError(f"{e} (vLLM engine)") from None
         self.seed = seed
-        self.last_stats = GenerationStats()
         self.last_update_seconds = 0.0
         cfg = model_config(self.model_dir)
         self.tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
@@ -243,7 +242,6 @@ class VLLMEngine:
         # Tensor parallel in a torchrun job: the group generates the union of its ranks' prompts.
         import torch.distributed as dist
 
-        t0 = time.perf_counter()
         mine = [[int(t) for t in p] for p in prompts]
         parts: list[Any] = [None] * self.tp
         dist.all_gather_object(parts, (mine, params), group=self._group)
@@ -258,17 +256,12 @@ class VLLMEngine:
             seed = params.seed if params.seed is not None else (self.seed * 1_000_003 + self._calls * 7919) % (2**62)
             group_params = dataclasses.replace(params, seed=seed, seeds=None)
         start = sum(len(ps) for ps, _ in parts[: self._group_rank])
-        out = self._generate(union, group_params, progress)[start : start + len(mine)]
-        n_tok = sum(len(c.token_ids) for g in out for c in g)
-        self.last_stats = GenerationStats(len(mine), sum(len(g) for g in out), n_tok, time.perf_counter() - t0, {"group_prompts": len(union)})
-        return out
+        return self._generate(union, group_params, progress)[start : start + len(mine)]
 
     def _generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: ProgressFn | None = None) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
-        t0 = time.perf_counter()
         if not prompts:
-            self.last_stats = GenerationStats()
             return []
         self._wake(None)
         longest = max(len(p) for p in prompts)
@@ -289,17 +282,13 @@ class VLLMEngine:
             self.llm.sleep(level=1)
             self._asleep = {"weights", "kv_cache"}
         grouped: list[list[Completion]] = []
-        n_tok = 0
         for req in outs:
             comps = []
             for o in sorted(req.outputs, key=lambda o: o.index):
                 ids = list(o.token_ids)
                 lps = _sampled_logprobs(o.logprobs, ids)
                 comps.append(Completion(ids, lps, "stop" if o.finish_reason == "stop" else "length"))
-                n_tok += len(ids)
             grouped.append(comps)
-        dt = time.perf_counter() - t0
-        self.last_stats = GenerationStats(len(prompts), sum(len(g) for g in grouped), n_tok, dt)
         return grouped
 
     # ------------------------------------------------------------------ weights

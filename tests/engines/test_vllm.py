@@ -47,15 +47,13 @@ def _check(out, prompts, n: int, max_tokens: int, eos_ids) -> None:
                 assert c.finish_reason == "stop" and c.token_ids[-1] in eos_ids
 
 
-def test_rollout_shapes_n_and_stats(engine, prompts) -> None:
+def test_rollout_shapes_and_n(engine, prompts) -> None:
     out = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=16, seed=0))
     _check(out, prompts, 4, 16, engine.eos_ids)
     assert len({tuple(c.token_ids) for c in out[0]}) == 4  # distinct samples
     # different prompts do not share random streams (per-prompt derived seeds)
     assert out[0][0].token_ids[:4] != out[1][0].token_ids[:4]
-    st = engine.last_stats
-    assert (st.prompts, st.completions) == (3, 12)
-    assert st.tokens == sum(len(c.token_ids) for g in out for c in g) and st.seconds > 0
+    assert [len(g) for g in out] == [4, 4, 4]
     assert engine.generate([], SamplingParams()) == []
 
 
