@@ -8,7 +8,8 @@ a machine with a given GEMM throughput and memory bandwidth (:func:`phase_bounds
   then decoding: at least the larger of the compute of every generated token and the memory
   traffic (the weights streamed once per decode step, plus every token's read of its KV cache);
 - **prepare** (old log-probs; reference / critic forwards when the algo has them): one forward over
-  the trained batch, each distinct prompt once, logits only at response positions;
+  the trained batch, each distinct prompt once, logits only at response positions; no policy forward
+  when the old log-probs are the update's own (one update per batch: ``perf/old_logp_pass`` 0);
 - **update_actor**: forward + backward = 3 × that forward's FLOPs per epoch, plus AdamW's memory
   traffic (read weight, grad, m, v; write weight, m, v: 28 bytes per parameter) per optimizer step;
   **update_critic** the same without the LM head;
@@ -117,6 +118,7 @@ class StepCounts:
     train_tokens: float  # prompt + response tokens of the trained rows (each row's prompt counted)
     epochs: int = 1
     optimizer_steps: int = 1
+    old_pass: bool = True  # the old log-probs came from a forward of their own (not the update's)
 
     @property
     def train_response_tokens(self) -> float:
@@ -141,7 +143,8 @@ class StepCounts:
         return cls(gen_prompts=gen_prompts, gen_rows=gen_prompts * group_size, gen_tokens=m["rollout/gen_tokens"] / world,
                    decode_steps=int(m.get("rollout/response_length_max") or 0), prompt_len=float(p),
                    train_prompts=(m.get("rollout/ds_kept_groups") or 0) / world or rows / group_size, train_rows=rows,
-                   train_tokens=m["perf/train_tokens"], epochs=epochs, optimizer_steps=epochs * math.ceil(rows / (mini_batch_size or rows)))
+                   train_tokens=m["perf/train_tokens"], epochs=epochs, optimizer_steps=epochs * math.ceil(rows / (mini_batch_size or rows)),
+                   old_pass=bool(m.get("perf/old_logp_pass", 1)))
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,7 @@ def phase_bounds(work: StepWork, c: StepCounts, lim: Limits, *, engine_bytes: in
     adam = c.optimizer_steps * work.params * ADAMW_BYTES_PER_PARAM / lim.bandwidth
     b = {
         "generate": work.prefill_flops / lim.prefill + max(work.decode_flops / lim.decode, work.decode_bytes / lim.bandwidth),
-        "prepare": (work.forward_flops * (1 + ref) + work.critic_forward_flops * critic) / lim.forward,
+        "prepare": (work.forward_flops * (c.old_pass + ref) + work.critic_forward_flops * critic) / lim.forward,
         "update_actor": work.update_flops / lim.train + adam,
         "weight_sync": work.params * (DTYPE_BYTES["fp32"] + engine_bytes) / lim.bandwidth,
     }
@@ -327,7 +330,7 @@ class StepPerf:
             return {}
         work = step_work(self.shape, c, engine_bytes=self.engine_bytes)
         bounds = phase_bounds(work, c, self.limits, engine_bytes=self.engine_bytes, critic=self.critic, ref=self.ref)
-        out = {f"perf/{k}_bound_frac": v / m[f"perf/{k}_s"] for k, v in bounds.items() if m.get(f"perf/{k}_s")}
+        out = {f"perf/{k}_bound_frac": v / m[f"perf/{k}_s"] for k, v in bounds.items() if v > 0 and m.get(f"perf/{k}_s")}
         out["perf/step_bound_s"] = bounds["step"]
         if m.get("perf/update_actor_s"):
             out["perf/mfu"] = work.update_flops / (m["perf/update_actor_s"] * self.peak)

@@ -3,6 +3,7 @@ against hand-computed numbers, and the trainer's perf/… metrics. No timing is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -93,6 +94,10 @@ def test_phase_bounds_hand_count():
     fast = phase_bounds(w, COUNTS, Limits.uniform(100.0, 1000.0), engine_bytes=2)
     assert fast["generate"] == pytest.approx((576 + 1824) / 100)
     # a critic and a reference model add their forwards and the critic's update
+    # the old log-probs taken from the update's own forward: no policy forward in prepare
+    fused = dataclasses.replace(COUNTS, old_pass=False)
+    assert phase_bounds(w, fused, Limits.uniform(100.0, 10.0), engine_bytes=2)["prepare"] == 0.0
+    assert StepCounts.from_metrics({**METRICS, "perf/old_logp_pass": 0.0}, group_size=2) == fused
     both = phase_bounds(w, COUNTS, Limits.uniform(100.0, 10.0), engine_bytes=2, critic=True, ref=True)
     assert both["prepare"] == pytest.approx((2 * 2400 + 2016) / 100)
     assert both["update_critic"] == pytest.approx(3 * 2016 / 100 + 62 * 28 / 10)
@@ -140,16 +145,22 @@ def test_phase_gemms_and_gpu_table(tiny_model):
 
 
 @pytest.mark.slow
-def test_train_logs_bound_shares(tiny_model, toy_data_file, tmp_path):
-    """The real trainer, peak measured at start-up: every step with an update logs its shares."""
+@pytest.mark.parametrize("mini", [4, 2])
+def test_train_logs_bound_shares(tiny_model, toy_data_file, tmp_path, mini):
+    """The real trainer, peak measured at start-up: every step with an update logs its shares. One
+    update per batch (mini-batch 4 = the batch) takes the old log-probs from the update's forward:
+    prepare then has no policy forward, so no bound and no share; two updates keep the pass."""
     from reasonrl.stages.prepare_data import PrepareConfig, run_prepare
     from reasonrl.stages.train import TrainConfig, run_train
 
     run_prepare(PrepareConfig(inputs=[str(toy_data_file)], out=str(tmp_path / "data"), template="none", decontaminate=[], val_size=1))
     cfg = TrainConfig(model=str(tiny_model), data=str(tmp_path / "data"), out=str(tmp_path / "run"), algo="grpo", steps=1, prompts_per_step=2,
-                      group_size=2, max_response_len=6, engine="hf", dtype="fp32", mini_batch_size=4, micro_batch_size=4, seed=0)
+                      group_size=2, max_response_len=6, engine="hf", dtype="fp32", mini_batch_size=mini, micro_batch_size=2, seed=0)
     (m,) = run_train(cfg)["history"]
-    for k in ("generate", "prepare", "update_actor", "weight_sync", "step"):
+    fused = mini == 4
+    assert m["perf/old_logp_pass"] == (0.0 if fused else 1.0)
+    for k in ("generate", "update_actor", "weight_sync", "step") + (() if fused else ("prepare",)):
         assert 0 < m[f"perf/{k}_bound_frac"] < math.inf, k
+    assert ("perf/prepare_bound_frac" in m) is not fused
     assert 0 < m["perf/mfu"] < math.inf and m["perf/step_bound_s"] > 0
     assert m["rollout/prompt_length_mean"] >= 1

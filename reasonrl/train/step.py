@@ -54,6 +54,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     t0 = time.perf_counter()
     st = learner.prepare(col.groups, step=step)
     m["perf/prepare_s"] = time.perf_counter() - t0
+    m["perf/old_logp_pass"] = 0.0 if st.old_from_update else 1.0
     # 3. Advantages.
     learner.advantages(st, group_size=group_size)
     # 4. Updates: the critic, then the policy.
