@@ -5,6 +5,7 @@
     .venv/bin/python bench/update_step.py --variants default --micro 8,16,32,64   # the micro-batch size
     .venv/bin/python bench/update_step.py --rollouts RUN/rollouts/step_2.parquet  # a real step's prompts and responses
     .venv/bin/python bench/update_step.py --variants default --chunk-bytes 805306368,2097152   # log-prob/entropy chunks: 1024 rows vs cache-sized
+    .venv/bin/python bench/update_step.py --variants default --rounds 2 --profile 25  # where the update's time goes (torch.profiler, top ops)
 
 The batch: 8 prompts x 8 samples of the regime's prepared prompts (bench/harness.py), responses of
 random tokens (timing does not depend on their values) with lengths drawn like the regime's
@@ -87,6 +88,7 @@ def main() -> None:
     ap.add_argument("--chunk-bytes", default=None, help="comma list of reasonrl.algos.logits.CPU_CHUNK_BYTES values to time (the default chunk's size on CPU)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds (the first is a warm-up)")
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench")
+    ap.add_argument("--profile", type=int, default=0, help="after the rounds, one more step of the first variant under torch.profiler: its top N ops by self CPU time")
     a = ap.parse_args()
 
     import torch
@@ -151,6 +153,17 @@ def main() -> None:
         base = base or (tot, r["grads"])
         diff = max(float((r["grads"][k] - base[1][k]).abs().max() / (base[1][k].abs().max() + 1e-12)) for k in base[1])
         print(f"{name:32s} {p:9.2f} {u:9.2f} {tot:8.2f} {base[0] / tot:7.2f}x {diff:18.1e}")
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        name, r = next(iter(runs.items()))
+        model.load_state_dict(snap)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+            st = r["learner"].prepare(groups, step=a.rounds + 1)
+            r["learner"].advantages(st, group_size=len(groups[0]))
+            r["learner"].update_policy(st)
+        print(f"\nprofile of one step ({name}), top {a.profile} ops by self CPU time:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.profile, max_name_column_width=48))
 
 
 if __name__ == "__main__":
