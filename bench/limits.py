@@ -132,7 +132,8 @@ def main() -> None:
         if cfg:
             got = [m.get(f"perf/{phase}_s") for m, _ in timed]
             if all(x for x in got):
-                line += f" {statistics.fmean(got):10.3f} {sum(x[phase] for x in bounds) / sum(got):6.1%}"
+                share = sum(x[phase] for x in bounds) / sum(got)
+                line += f" {statistics.fmean(got):10.3f} " + (f"{share:6.1%}" if b > 0 else f"{'-':>6s}   (no work: the old log-probs are the update's own forward)")
         print(line)
     if cfg:
         other = statistics.fmean(m["perf/step_s"] - sum(m.get(f"perf/{p}_s", 0.0) for p in ("generate", "prepare", "update_critic", "update_actor", "weight_sync"))

@@ -193,7 +193,7 @@ def test_engine_sleep_needs_gpus_and_scale_options_are_vllm_only(tiny_dir) -> No
         EngineOptions(engine_tp=0)._check_engine()
 
 
-def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(engine, tiny_dir) -> None:
+def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_dir) -> None:
     """On CPU the engine uses 32-token KV blocks (vLLM's CPU default, 128, caches nothing of a prompt
     shorter than 128 tokens, so every sample of a group prefilled it again). The blocks are a cache
     layout: the same seeded requests give the same tokens and log-probs with vLLM's default."""
@@ -201,16 +201,18 @@ def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(engine, tiny_
 
     if torch.cuda.is_available():
         pytest.skip("the CPU block size applies on CPU")
-    assert engine.llm.llm_engine.vllm_config.cache_config.block_size == CPU_BLOCK_SIZE == 32
     prompts = [[(7 * i + j) % 500 + 3 for j in range(70 + 9 * i)] for i in range(3)]  # 70..88 tokens: two full blocks each
     p = SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=11)
-    ours = engine.generate(prompts, p)
-    default = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512, block_size=128)
-    try:
-        assert default.llm.llm_engine.vllm_config.cache_config.block_size == 128
-        theirs = default.generate(prompts, p)
-    finally:
-        default.close()
+    out = {}
+    for block in (None, 128):
+        eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512, block_size=block)
+        try:
+            assert eng.llm.llm_engine.vllm_config.cache_config.block_size == (block or CPU_BLOCK_SIZE)
+            out[block] = eng.generate(prompts, p)
+        finally:
+            eng.close()
+    assert CPU_BLOCK_SIZE == 32
+    ours, theirs = out[None], out[128]
     assert [[c.token_ids for c in g] for g in ours] == [[c.token_ids for c in g] for g in theirs]
     diff = max(abs(a - b) for g, h in zip(ours, theirs) for c, d in zip(g, h) for a, b in zip(c.logprobs, d.logprobs))
     assert diff < 1e-4
