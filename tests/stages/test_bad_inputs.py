@@ -18,12 +18,6 @@ def _jsonl(path, rows):
     return path
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, toy_data_file):
-    out = tmp_path_factory.mktemp("bad") / "data"
-    assert run_cli("prepare-data", toy_data_file, "--out", out, "--template", "none", "--val-size", "4").exit_code == 0
-    return out
-
 
 def test_prepare_data_refuses_or_counts_bad_answers(tmp_path):
     good = {"problem": "What is 2 + 2?", "answer": "4"}

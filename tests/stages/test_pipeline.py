@@ -15,13 +15,6 @@ pytestmark = pytest.mark.slow
 SMALL = ["--engine", "hf", "--dtype", "fp32", "--group-size", "4", "--max-response-len", "12", "--seed", "0"]
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, toy_data_file):
-    out = tmp_path_factory.mktemp("pipe") / "data"
-    r = run_cli("prepare-data", toy_data_file, "--out", out, "--template", "none", "--val-size", "4")
-    assert r.exit_code == 0, r.output
-    return out
-
 
 def test_prepare_writes_verl_parquet(prepared):
     import pyarrow.parquet as pq

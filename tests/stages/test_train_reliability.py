@@ -22,12 +22,6 @@ SMALL = ["--engine", "hf", "--dtype", "fp32", "--group-size", "4", "--max-respon
          "--mini-batch-size", "8", "--micro-batch-size", "4", "--overlong-cache-len", "2", "--algo", "grpo"]
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, toy_data_file):
-    out = tmp_path_factory.mktemp("rel") / "data"
-    assert run_cli("prepare-data", toy_data_file, "--out", out, "--template", "none", "--val-size", "4").exit_code == 0
-    return out
-
 
 def _finite_on_disk(run: Path) -> None:
     import torch

@@ -16,12 +16,6 @@ SMALL = ["--dtype", "fp32", "--group-size", "4", "--max-response-len", "12", "--
          "--mini-batch-size", "8", "--micro-batch-size", "4", "--overlong-cache-len", "4", "--steps", "2"]
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, toy_data_file):
-    out = tmp_path_factory.mktemp("ts") / "data"
-    assert run_cli("prepare-data", toy_data_file, "--out", out, "--template", "none", "--val-size", "4").exit_code == 0
-    return out
-
 
 def _lines(out) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
