@@ -117,7 +117,7 @@ def generate_rollouts(
     # Called even with no prompt left: with --engine-tp N, generate is collective over the N ranks of
     # an engine group (each brings its prompts, the group generates their union).
     with phase("generate", len(ids) * params.n, unit=f"responses ({len(ids)} prompts × {params.n})", display=display) as bar:
-        outs = engine.generate(ids, params) if bar is None else engine.generate(ids, params, progress=bar.generated)
+        outs = engine.generate(ids, params, progress=None if bar is None else bar.generated)
     stats.gen_seconds = time.perf_counter() - t0
     if not kept:
         return [], stats

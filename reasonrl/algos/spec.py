@@ -200,20 +200,13 @@ ALGOS: dict[str, AlgoSpec] = {
     # GSPO (arXiv 2507.18071): sequence-level, length-normalised ratio; the paper's clip range;
     # seq-mean aggregation (verl forces it); no KL. The paper splits each rollout batch into 4
     # mini-batches (--mini-batch-size = batch / 4): with one, GSPO equals GRPO.
-    "gspo": AlgoSpec(
-        name="gspo",
-        advantage="grpo",
-        policy_loss="gspo",
-        eps_low=3e-4,
-        eps_high=4e-4,
-        loss_agg="seq-mean-token-mean",
-    ),
+    "gspo": _GRPO.replace(name="gspo", policy_loss="gspo", eps_low=3e-4, eps_high=4e-4),
     # CISPO (MiniMax-M1, arXiv 2506.13585): clipped detached IS weight, every token keeps its
     # gradient; token-mean; group-normalised advantages; no KL.
-    "cispo": AlgoSpec(name="cispo", advantage="grpo", policy_loss="cispo", cispo_weight_min=0.0, cispo_weight_max=5.0, loss_agg="token-mean"),
+    "cispo": _GRPO.replace(name="cispo", policy_loss="cispo", loss_agg="token-mean"),  # IS weight clipped to [0, 5]: the field defaults
     # Dr. GRPO (arXiv 2503.20783): no std normalisation, token sums over a constant (the
     # generation cap, passed by the learner) then the mean over responses.
-    "drgrpo": AlgoSpec(name="drgrpo", advantage="grpo", grpo_scale_by_std=False, loss_agg="seq-mean-token-sum-norm"),
+    "drgrpo": _GRPO.replace(name="drgrpo", grpo_scale_by_std=False, loss_agg="seq-mean-token-sum-norm"),
     # VAPO (arXiv 2504.05118): value pretraining + decoupled GAE (lam_critic = 1) + length-adaptive
     # lam_actor = 1 - 1/(0.05 l), token-level loss, clip-higher, positive-example NLL (mu = 0.1).
     # Group sampling (the paper: 512 prompts x 16 samples) is --prompts-per-step x --group-size.

@@ -108,6 +108,7 @@ class HFEngine:
         lengths = torch.full((B,), p.max_tokens, dtype=torch.long, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cur_pos = pos[:, -1:]
+        cur_ids = ids[expand, -1:]  # each step's input (set from the sampled token; step 0 uses logits0)
         sampling = Sampling(p.temperature, p.top_k, p.top_p) if p.temperature > 0 else None
         gens = [torch.Generator(device=dev).manual_seed(int(s) % 2**63) for s in seeds] if sampling is not None else []
         for t in range(p.max_tokens):

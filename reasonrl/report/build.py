@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +51,11 @@ def build_report(paths: list[str | Path], out: str | Path, *, smooth: int = 0, t
             rep.skipped[spec.name] = notes or ["no run has the data for it"]
             body += f"<p class='note'>Not drawn: {html.escape('; '.join(rep.skipped[spec.name]))}.</p>"
         else:
-            png = out / f"{spec.name}.png"
-            drawn.fig.savefig(png)
+            png, buf = out / f"{spec.name}.png", io.BytesIO()
+            drawn.fig.savefig(buf, format="png")
+            png.write_bytes(buf.getvalue())
             rep.figures.append(png)
-            uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+            uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
             body += f"<img src='{uri}' alt='{html.escape(spec.title)}'>"
             if notes:
                 rep.notes[spec.name] = notes

@@ -26,7 +26,6 @@ class Run:
     path: Path
     stage: str  # train | pretrain-value | eval
     label: str = ""
-    complete: bool = True
     metrics: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, one dict per step
     config: dict[str, Any] = field(default_factory=dict)
     bias: dict[str, Any] | None = None  # pretrain-value's bias.json
@@ -66,7 +65,7 @@ def _stage_of(d: Path) -> tuple[str | None, bool]:
 
 
 def read_run(d: Path, stage: str, complete: bool) -> Run:
-    run = Run(path=d, stage=stage, complete=complete)
+    run = Run(path=d, stage=stage)
     if not complete:
         run.notes.append("incomplete (no manifest.json yet): plotted as far as it got")
     if stage in ("train", "pretrain-value"):

@@ -385,7 +385,6 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     # Everything is validated: now write. The old manifest goes first, so a crash while writing
     # never leaves a manifest next to half-written files.
     out = prepare_out_dir(out_path, overwrite=cfg.overwrite)
-    (out / MANIFEST).unlink(missing_ok=True)
     for split in SPLITS:
         _write_parquet(out / f"{split}.parquet", split_rows[split])
     write_json(out / "report.json", report)

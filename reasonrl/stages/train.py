@@ -167,7 +167,8 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         console.print(f"[yellow]note: --algo {cfg.algo} uses no critic; --critic is ignored[/]")
 
     rank, world = start_ranks(cfg)
-    rows = fitting_prompts(rows, load_tokenizer(policy_dir), cfg.max_prompt_len, console if rank == 0 else None)
+    tok = load_tokenizer(policy_dir)
+    rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
     ckpt = None
     if rank == 0:
         ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=to_dict(cfg))
@@ -176,7 +177,6 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         ckpt = latest_checkpoint(out) if cfg.resume else None
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype)
-    tok = load_tokenizer(policy_dir)
     device = default_device()
     policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir, device=device)
     policy.config.use_cache = False

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.artifacts import MANIFEST, write_json
+from reasonrl.artifacts import MANIFEST, prepare_out_dir, write_json
 from reasonrl.errors import ReasonRLError
 
 #: What `reasonrl train` writes in its run directory (all an --overwrite may delete).
@@ -82,8 +82,7 @@ def start_run(out: Path, *, resume: bool, overwrite: bool, model_dir: Path, conf
         last = latest_checkpoint(out)
         where = f"checkpoints up to {last.name}" if last is not None else "no checkpoint"
         raise ReasonRLError(f"{out} holds an unfinished run ({where}): resume it with --resume or start over with --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)  # first: a half-written run is never taken for a finished one
+    prepare_out_dir(out, overwrite=True)  # the manifest goes first: a half-written run is never taken for a finished one
     for name in RUN_OUTPUTS:
         p = out / name
         if p.is_dir() and not p.is_symlink():
