@@ -383,7 +383,7 @@ def kl_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params: 
     cov = token_covariance(logp, adv, m)
     count, _ = _cov_count(params.kl_cov_ratio, m, params)
     score = torch.where(m, cov, torch.full((), -math.inf, dtype=cov.dtype, device=cov.device)).flatten()
-    selected = _as_mask(torch.topk(score, min(count, int(m.sum()))).indices, m)
+    selected = _as_mask(torch.topk(score, count).indices, m)  # count <= the counted tokens (ratio <= 1)
     penalty = torch.where(selected, params.kl_cov_coef * log_ratio.abs(), torch.zeros((), dtype=ratio.dtype, device=m.device))
     none = torch.zeros_like(m)
     return LossTerms(-adv * ratio + penalty, log_ratio, ratio, none, none, {"cov_selected_frac": selected})

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonrl.artifacts import MANIFEST
 from reasonrl.errors import ReasonRLError
 
 PLOTTED_STAGES = ("train", "pretrain-value", "eval")
@@ -51,7 +52,7 @@ def _read_json(path: Path, notes: list[str]) -> Any:
 
 def _stage_of(d: Path) -> tuple[str | None, bool]:
     """(stage, complete) of a run directory; (None, False) when it is not one."""
-    man = d / "manifest.json"
+    man = d / MANIFEST
     if man.is_file():
         try:
             return str(json.loads(man.read_text(encoding="utf-8")).get("stage")), True
@@ -86,8 +87,8 @@ def read_run(d: Path, stage: str, complete: bool) -> Run:
         cfg = d / "config.json"
         if cfg.is_file():
             run.config = _read_json(cfg, run.notes) or {}
-        elif (d / "manifest.json").is_file():
-            run.config = (_read_json(d / "manifest.json", run.notes) or {}).get("config") or {}
+        elif (d / MANIFEST).is_file():
+            run.config = (_read_json(d / MANIFEST, run.notes) or {}).get("config") or {}
         if (d / "bias.json").is_file():
             run.bias = _read_json(d / "bias.json", run.notes)
     elif stage == "eval":

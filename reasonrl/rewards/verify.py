@@ -96,13 +96,15 @@ def unexpected_words(pred: str, ground_truth: str | int) -> list[str]:
 
 def decide_by_rule(pred: str, ground_truth: str | int) -> bool | None:
     """The decision that needs no verifier: integers compare as integers; an answer with words
-    the ground truth does not have (:func:`unexpected_words`) is wrong. None: ask math-verify."""
-    as_int = integer_equivalent(pred, ground_truth)
-    if as_int is not None:
-        return as_int
-    if unexpected_words(pred, ground_truth):
-        return False
-    return None
+    the ground truth does not have (:func:`unexpected_words`) is wrong. None: ask math-verify
+    (also when the rule itself fails on an odd string: it never raises, every caller can rely on it)."""
+    try:
+        as_int = integer_equivalent(pred, ground_truth)
+        if as_int is not None:
+            return as_int
+        return False if unexpected_words(pred, ground_truth) else None
+    except Exception:  # noqa: BLE001 - the verifier pool decides what the rule cannot
+        return None
 
 
 def integer_equivalent(pred: str, ground_truth: str | int) -> bool | None:
