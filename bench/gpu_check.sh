@@ -93,7 +93,7 @@ if [ -z "$MODEL" ]; then
 else
   TEMPLATE=${GPU_CHECK_TEMPLATE:-fewshot}
 fi
-"$PY" -m reasonrl.cli prepare-data "$ROOT/reasonrl/bundled/addition.jsonl" --out "$W/data" --template "$TEMPLATE" --val-size 8 \
+"$PY" -m reasonrl.cli prepare-data "$ROOT/data/addition.jsonl" --out "$W/data" --template "$TEMPLATE" --val-size 8 \
   >"$W/data.log" 2>&1 || row data FAIL "prepare-data: $(tail -n 1 "$W/data.log")"
 NP=$(( NGPU >= 2 ? 2 : 1 ))
 torchrun() { "$PY" -m torch.distributed.run --nproc_per_node "$1" --master_port $((20000 + RANDOM % 20000)) "${@:2}"; }

@@ -36,13 +36,13 @@ class Regime:
 
 def _math500() -> str:
     shared = ROOT.parent / "shared" / "data" / "math500.jsonl"
-    return str(shared if shared.is_file() else ROOT / "reasonrl" / "bundled" / "math500.jsonl")
+    return str(shared if shared.is_file() else ROOT / "data" / "math500.jsonl")
 
 
 REGIMES = {
     # The main job's: the bundled arithmetic set in the few-shot template (a ~107-token prompt shared
     # by the group), answers of ~17 tokens; 32 rows held out as the main job does.
-    "fewshot": Regime("fewshot", (str(ROOT / "reasonrl" / "bundled" / "addition.jsonl"),), ("--template", "fewshot", "--val-size", "32"), 64),
+    "fewshot": Regime("fewshot", (str(ROOT / "data" / "addition.jsonl"),), ("--template", "fewshot", "--val-size", "32"), 64),
     # Decode-heavy: MATH-500 problems in the DAPO template (SmolLM2 writes past 256 tokens on most),
     # kept whole (no decontamination against MATH-500 itself, no held-out rows).
     "math": Regime("math", (_math500(),), ("--template", "dapo", "--set", "decontaminate=", "--val-size", "0"), 256),

@@ -49,7 +49,7 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     model = load_causal_lm(str(model_dir), dtype=torch.float32, device="cpu")
     model.train()
-    rows = [json.loads(x) for x in (ROOT / "reasonrl" / "bundled" / "addition.jsonl").read_text().splitlines()[: args.prompts]]
+    rows = [json.loads(x) for x in (ROOT / "data" / "addition.jsonl").read_text().splitlines()[: args.prompts]]
     g = torch.Generator().manual_seed(0)
     prompts, responses = [], []
     for r in rows:

@@ -9,18 +9,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "reasonrl"
+SETUP = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+# Packages kept outside reasonrl/ (stages/ as reasonrl.recipes, data/ as reasonrl.bundled).
+MAPPED = {pkg: ROOT / folder for pkg, folder in SETUP.get("package-dir", {}).items()}
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
+    for pkg, folder in MAPPED.items():
+        if path.is_relative_to(folder):
+            parts = [*pkg.split("."), *path.relative_to(folder).with_suffix("").parts]
+            break
+    else:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
+def _sources() -> list[Path]:
+    return [*PKG.rglob("*.py"), *(p for folder in MAPPED.values() for p in folder.rglob("*.py"))]
+
+
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PKG.rglob("*.py")}
+    return {_module_name(p): p for p in _sources()}
 
 
 def _imports(path: Path, top_level_only: bool) -> list[tuple[str, list[str]]]:
@@ -99,10 +110,9 @@ def test_no_private_names_across_modules() -> None:
 
 
 def test_every_package_ships() -> None:
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    tree = {_module_name(p.parent / "__init__.py") for p in PKG.rglob("*.py")}
-    assert tree | {"reasonrl.recipes"} == listed, "pyproject [tool.setuptools] packages must list every package under reasonrl/"
-    assert all((p.parent / "__init__.py").is_file() for p in PKG.rglob("*.py")), "every folder of reasonrl/ needs an __init__.py"
+    tree = {_module_name(p.parent / "__init__.py") for p in _sources()}
+    assert tree == set(SETUP["packages"]), "pyproject [tool.setuptools] packages must list every package (reasonrl/ and package-dir)"
+    assert all((p.parent / "__init__.py").is_file() for p in _sources()), "every folder of a package needs an __init__.py"
 
 
 def test_one_stage_module_per_command() -> None:

@@ -1,5 +1,5 @@
 """The evaluation-set registry: ``reasonrl eval NAME`` and ``prepare-data``'s decontamination read
-the same table. A new set is one row here plus its file(s) in ``reasonrl/bundled/``."""
+the same table. A new set is one row here plus its file(s) in the top-level ``data/``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from reasonrl.errors import ReasonRLError
 @dataclass(frozen=True)
 class EvalSet:
     description: str
-    files: tuple[str, ...]  # under reasonrl/bundled/
+    files: tuple[str, ...]  # under data/ (the package reasonrl.bundled)
 
     def paths(self) -> list[Path]:
         """The set's files; a missing one is an error that says how to restore it."""

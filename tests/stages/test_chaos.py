@@ -146,7 +146,7 @@ def test_sigkill_in_other_stages(stage, format_model, tmp_path) -> None:
     """Killed mid-run: the next stage refuses the half-written output (no manifest), and rerunning
     the same command finishes it."""
     shared = ROOT.parent / "shared" / "data" / "gsm8k_train.jsonl"
-    src = shared if shared.is_file() else ROOT / "reasonrl" / "bundled" / "gsm8k_test.jsonl"
+    src = shared if shared.is_file() else ROOT / "data" / "gsm8k_test.jsonl"
     data = tmp_path / "data"
     prep = _cmd("prepare-data", src, "--out", data, "--template", "none", "--val-size", "8", "--overwrite")
     if stage != "prepare-data":
