@@ -11,7 +11,7 @@ prefill = a step's distinct prompt tokens, forward (old log-probs) and train (th
 products and the backward's two per linear) = a micro-batch's tokens; for each linear of the
 model (qkv, o, gate_up, down fused as engines fuse them; lm_head). A phase's throughput is its
 products' FLOPs over their summed time. Bandwidth: the larger of a 256 MiB copy and STREAM's triad.
-The bound arithmetic is ``reasonrl.perf`` (``phase_bounds``; README "How the bound is computed").
+The bound arithmetic is ``reasonrl.perf`` (``phase_bounds``; docs/metrics.md, the perf/…_bound_frac rows, and docs/performance.md).
 """
 
 from __future__ import annotations

