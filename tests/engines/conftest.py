@@ -7,9 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-# The tiny model's matmuls are microseconds: with 2 OpenMP threads on 2 cores shared with other
-# jobs, every op waits for a descheduled thread (measured 80× slower). One thread is robust.
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The tiny model's matmuls are microseconds: with 2 OpenMP threads on 2 cores shared with other
+    jobs, every op waits for a descheduled thread (measured 80× slower). One thread is robust; the
+    root conftest puts the count back after the module (other tests' numerics depend on it)."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
