@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--tag", default="", help="a name for the test's settings measured (recorded with each run; runs of another tag are not redone)")
     a = ap.parse_args()
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "train")]
     import test_learning as tl
@@ -72,36 +73,36 @@ def main() -> None:
     if not (work / "data" / "manifest.json").exists():
         subprocess.run([sys.executable, "-c", SETUP.format(**fmts), str(work)], check=True, env={**env, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
     log = out / "runs.jsonl"
-    done = {(r["algo"], r["seed"], r["dtype"], r["threads"], r["steps"]) for r in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
+    done = {(r["algo"], r["seed"], r["dtype"], r["threads"], r["steps"], r.get("tag", "")) for r in map(json.loads, log.read_text().splitlines())} if log.exists() else set()
     combos = [(algo, s, d, t) for d in a.dtypes.split(",") for t in _ints(a.threads) for s in _ints(a.seeds) for algo in a.rows.split(",")]
     for algo, seed, dtype, threads in combos:
-        if (algo, seed, dtype, threads, a.steps) in done:
+        if (algo, seed, dtype, threads, a.steps, a.tag) in done:
             continue
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-c", WORKER.format(**fmts), algo, str(seed), dtype, str(a.steps), str(work / "fmt"), str(work / "data"),
-                            str(work / f"run_{algo}_{seed}_{dtype}_{threads}")], env={**env, "OMP_NUM_THREADS": str(threads)}, cwd=ROOT,
+                            str(work / f"run_{algo}_{seed}_{dtype}_{threads}{a.tag}")], env={**env, "OMP_NUM_THREADS": str(threads)}, cwd=ROOT,
                            capture_output=True, text=True)
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         if p.returncode != 0 or not line:
             print(f"{algo} seed {seed} {dtype} t{threads}: failed (rc {p.returncode}): {p.stderr.strip().splitlines()[-1:]}", flush=True)
             continue
-        rec = {"algo": algo, "seed": seed, "dtype": dtype, "threads": threads, "steps": a.steps, "seconds": round(time.perf_counter() - t0, 1),
+        rec = {"algo": algo, "tag": a.tag, "seed": seed, "dtype": dtype, "threads": threads, "steps": a.steps, "seconds": round(time.perf_counter() - t0, 1),
                **json.loads(line[0][len("RESULT "):])}
         with log.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         ok = tl.learned(rec["reward"][: tl.STEPS], rec["acc"][: tl.STEPS])
-        print(f"{algo:7s} seed {seed} {dtype} t{threads}: {'pass' if ok else 'FAIL'}  reward {[round(r, 2) for r in rec['reward']]}", flush=True)
+        print(f"{algo:7s}{a.tag} seed {seed} {dtype} t{threads}: {'pass' if ok else 'FAIL'}  reward {[round(r, 2) for r in rec['reward']]}", flush=True)
     summarize(log, tl)
 
 
 def summarize(log: Path, tl) -> None:
     recs = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-    print(f"\n{'row':8s} {'dtype':5s} {'thr':>3s}  passes (test's assertion at {tl.STEPS} steps)")
-    keys = sorted({(r["algo"], r["dtype"], r["threads"]) for r in recs})
+    print(f"\n{'row':12s} {'dtype':5s} {'thr':>3s}  passes (test's assertion at {tl.STEPS} steps)")
+    keys = sorted({(r["algo"] + r.get("tag", ""), r["dtype"], r["threads"]) for r in recs})
     for k in keys:
-        rs = [r for r in recs if (r["algo"], r["dtype"], r["threads"]) == k]
+        rs = [r for r in recs if (r["algo"] + r.get("tag", ""), r["dtype"], r["threads"]) == k]
         ok = sum(tl.learned(r["reward"][: tl.STEPS], r["acc"][: tl.STEPS]) for r in rs)
-        print(f"{k[0]:8s} {k[1]:5s} {k[2]:3d}  {ok}/{len(rs)}")
+        print(f"{k[0]:12s} {k[1]:5s} {k[2]:3d}  {ok}/{len(rs)}")
 
 
 if __name__ == "__main__":

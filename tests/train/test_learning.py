@@ -17,11 +17,18 @@ from toyhelp import toy_rows
 
 pytestmark = pytest.mark.slow
 
-STEPS = 8
+STEPS = 12
 
 # Per-row settings: gspo splits each step's batch into 4 mini-batches, as its paper (with one, it
-# is GRPO); vapo's critic learns at a toy-sized rate (the CLI default 1e-5 is for real models).
-ROWS = {"grpo": {}, "dapo": {}, "gspo": {"mini_batch_size": 16, "micro_batch_size": 16}, "cispo": {}, "drgrpo": {}}
+# is GRPO). cispo keeps the gradient of tokens PPO's clip would stop (its IS weight is clipped at 5,
+# not at 1 + eps), so its steps past the first mini-batch are larger: at the other rows' rate one
+# seed in five lost the answer format in its first update (bench/learning_seeds.py). vapo: its
+# length-adaptive lambda = 1 - 1 / (alpha |o|) with the paper's alpha 0.05 is 0 (TD(0), all trust in
+# a toy critic) for every response under 20 tokens; alpha is scaled to the toy's lengths as the
+# paper's is to its own (0.95 at 8 tokens here, at 400 there), and its critic learns at a toy-sized
+# rate (the CLI default 1e-5 is for real models).
+ROWS = {"grpo": {}, "dapo": {}, "gspo": {"mini_batch_size": 16, "micro_batch_size": 16}, "cispo": {"lr": 1e-3}, "drgrpo": {},
+        "vapo": {"critic_lr": 1e-3, "algo_overrides": {"adaptive_lambda_alpha": 2.5}}}
 SMALL = dict(prompts_per_step=8, group_size=8, max_response_len=8, mini_batch_size=32, micro_batch_size=32, engine="hf")
 
 
@@ -48,15 +55,18 @@ def run_row(algo: str, format_model, toy_data, out, *, seed: int = 0, dtype: str
         critic = out.parent / f"{out.name}_critic"
         run_pretrain_value(PretrainValueConfig(model=str(format_model), data=str(toy_data), out=str(critic), steps=8, critic_lr=2e-3, eval_prompts=1,
                                                dtype=dtype, seed=seed, **SMALL))
-        extra.update(critic=str(critic), critic_lr=1e-3)
+        extra.update(critic=str(critic))
     kw = dict(steps=steps, overlong_cache_len=2, dtype=dtype, lr=2e-3, max_gen_rounds=3, seed=seed, **SMALL)
     cfg = TrainConfig(model=str(format_model), data=str(toy_data), out=str(out), algo=algo, **{**kw, **extra})
     return run_train(cfg)["history"]
 
 
 def learned(rewards: list[float], acc: list[float]) -> bool:
-    """The reward rose: the mean of the last 3 steps beats the first 2 by 0.4, and the last step is mostly right."""
-    return sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.4 and acc[-1] > 0.5
+    """The reward rose: its mean over the last 3 steps beats the first 2 steps' by 0.5, and the last 3
+    steps are mostly right (accuracy > 0.6; chance is 0.2). Means over steps, not one step's value:
+    a run that learned dips by up to 0.5 at single steps (bench/learning_seeds.py); one that cannot
+    learn stays within ~0.1 of where it started (64 responses a step)."""
+    return sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.5 and sum(acc[-3:]) / 3 > 0.6
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +74,7 @@ def toy_data(tmp_path_factory):
     return prepare_toy(tmp_path_factory.mktemp("learn") / "data")
 
 
-@pytest.mark.parametrize("algo", [*ROWS, "vapo"])
+@pytest.mark.parametrize("algo", list(ROWS))
 def test_reward_rises(algo, format_model, toy_data, tmp_path):
     hist = run_row(algo, format_model, toy_data, tmp_path / algo)
     rewards, acc = [h["rollout/reward_mean"] for h in hist], [h["rollout/acc_mean"] for h in hist]
