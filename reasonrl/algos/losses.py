@@ -28,7 +28,8 @@ __all__ = ["LossParams", "PolicyLossOutput", "PolicyLoss", "POLICY_LOSSES", "ppo
 class LossParams:
     """The knobs of every policy loss (each loss reads the ones it uses; ``AlgoSpec.loss_params``).
 
-    ``eps_low`` / ``eps_high`` / ``dual_clip``: the PPO clip (ppo-clip, gspo, clip-cov).
+    ``eps_low`` / ``eps_high`` / ``dual_clip``: the PPO clip (ppo-clip, gspo, clip-cov); ``eps_low
+    = 1`` puts the lower bound at 0, i.e. no lower clip (Clip-Cov's authors run 1 / 1).
     ``cispo_weight_min`` / ``cispo_weight_max``: CISPO's IS-weight bounds, **absolute** values of
     the weight (clamp(r, min, max)), never 1 ± eps (verl's "clip_ratio_high" is relative, TRL's
     "epsilon_high" absolute: these names say which). ``cov_clip_ratio`` / ``cov_clip_low`` /
@@ -50,8 +51,8 @@ class LossParams:
     generator: torch.Generator | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.eps_low < 0 or self.eps_low >= 1 or self.eps_high < 0:
-            raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
+        if not 0 <= self.eps_low <= 1 or self.eps_high < 0:
+            raise ValueError(f"need 0 <= eps_low <= 1 (1: no lower clip) and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if not 0.0 <= self.cispo_weight_min <= 1.0 <= self.cispo_weight_max:
@@ -330,6 +331,9 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
 
     aggregated with ``agg``; the selected tokens still count in the denominator (as verl). Paper
     defaults r = 2e-4, omega = [1, 5] (``cov_clip_ratio``, ``cov_clip_low``, ``cov_clip_high``).
+    The authors' recipes (verl) set the clip ratios to 1 / 1, ``eps_low = eps_high = 1``: the
+    range [0, 2], so the covariance cut all but replaces PPO's clip (only r > 2 with A > 0 is
+    clipped); with the row's 0.2 a token with r = 1.5, A > 0 has no gradient, with 1 / 1 it keeps it.
     The draw uses ``params.generator`` (reproducible; never the global RNG) and is made over the
     tokens of this call: the learner calls the loss per micro-batch (as verl), because the
     covariance needs the current log-probs, which exist only inside that micro-batch's forward

@@ -12,6 +12,7 @@ from reasonrl.algos import (
     AGG_MODES,
     POLICY_LOSSES,
     LossParams,
+    get_algo,
     policy_loss,
     positive_example_nll,
     token_covariance,
@@ -176,6 +177,30 @@ def test_clip_cov_extremes_match_reference() -> None:
     torch.testing.assert_close(out0.loss, out1.loss)
     torch.testing.assert_close(g0, g1)
 
+
+def test_clip_cov_takes_its_authors_clip_ratios_1_1() -> None:
+    # The authors run Clip-Cov with clip ratios 1 / 1 (their verl recipe: clip range [0, 2], the
+    # covariance cut instead of PPO's clip). Measured: d loss / d logp of a token with r = 1.5,
+    # A = +1, in a token-mean over 2 counted tokens (the other r = 1, A = +1); the covariance
+    # draw is off (cov_clip_ratio = 0) so that only the clip range acts.
+    logp_old = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    logp = (logp_old + torch.tensor([[math.log(1.5), 0.0]], dtype=torch.float64)).requires_grad_(True)
+    adv, m = torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2)
+    _, g_ppo = run("clip-cov", logp, logp_old, adv, m, cov_clip_ratio=0.0)  # eps 0.2 / 0.2: r = 1.5 > 1.2 is clipped
+    assert g_ppo[0, 0].item() == 0.0
+    out, g = run("clip-cov", logp, logp_old, adv, m, cov_clip_ratio=0.0, eps_low=1.0, eps_high=1.0)
+    assert g[0, 0].item() == pytest.approx(-1.5 * 1.0 / 2)  # -r A / N = -0.75: inside [0, 2], not clipped
+    assert out.metrics["clipfrac"] == 0.0
+    # the upper bound 2 still clips (r = 2.5, A > 0); the lower bound 0 never does (r = e^-3, A < 0)
+    far = (logp_old + torch.tensor([[math.log(2.5), -3.0]], dtype=torch.float64)).requires_grad_(True)
+    out, g = run("clip-cov", far, logp_old, torch.tensor([[1.0, -1.0]], dtype=torch.float64), m, cov_clip_ratio=0.0, eps_low=1.0, eps_high=1.0)
+    assert g[0, 0].item() == 0.0 and g[0, 1].item() == pytest.approx(math.exp(-3.0) / 2)
+    assert (out.metrics["clipfrac_upper"], out.metrics["clipfrac_lower"]) == (0.5, 0.0)
+    # and the row takes it (--policy-loss clip-cov --eps-low 1 --eps-high 1)
+    spec = get_algo("grpo").replace(policy_loss="clip-cov", eps_low=1.0, eps_high=1.0)
+    assert (spec.loss_params().eps_low, spec.loss_params().eps_high) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="eps_low"):
+        LossParams(eps_low=1.5)
 
 def test_clip_cov_random_draw_is_reproducible_and_among_candidates() -> None:
     logp, logp_old, adv, m = cov_inputs()
