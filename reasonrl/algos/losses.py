@@ -325,12 +325,12 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
     with the gradient of a few high-covariance tokens cut.
 
         Cov_t     = token_covariance(logp, A, M)            (current log-probs, detached)
-        candidates: counted tokens with omega_low <= Cov_t <= omega_high, not already cut by the PPO clip
+        candidates: counted tokens with omega_low < Cov_t < omega_high (strict, as the paper and verl), not already cut by the PPO clip
         I_clip    = floor(r * N + u) of them drawn uniformly at random (N = counted tokens)
         l_t       = 0 (no gradient) for t in I_clip, the clipped surrogate otherwise
 
     aggregated with ``agg``; the selected tokens still count in the denominator (as verl). Paper
-    defaults r = 2e-4, omega = [1, 5] (``cov_clip_ratio``, ``cov_clip_low``, ``cov_clip_high``).
+    defaults r = 2e-4, omega = (1, 5) (``cov_clip_ratio``, ``cov_clip_low``, ``cov_clip_high``).
     The authors' recipes (verl) set the clip ratios to 1 / 1, ``eps_low = eps_high = 1``: the
     range [0, 2], so the covariance cut all but replaces PPO's clip (only r > 2 with A > 0 is
     clipped); with the row's 0.2 a token with r = 1.5, A > 0 has no gradient, with 1 / 1 it keeps it.
@@ -351,7 +351,7 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
     t = _clipped(torch.exp(log_ratio), log_ratio, adv, m, params)
     cov = token_covariance(logp, adv, m)
     cand = m & ~t.upper & ~t.lower & ~t.counts.get("clipfrac_dual", torch.zeros_like(m))
-    cand &= (cov >= params.cov_clip_low) & (cov <= params.cov_clip_high)
+    cand &= (cov > params.cov_clip_low) & (cov < params.cov_clip_high)
     count, gen = _cov_count(params.cov_clip_ratio, m, params)
     idx = cand.flatten().nonzero().squeeze(1)
     selected = _as_mask(idx[torch.randperm(idx.numel(), generator=gen)[:count].to(idx.device)], m)

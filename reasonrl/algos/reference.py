@@ -153,14 +153,14 @@ def token_covariance(logp: Matrix, adv: Matrix, mask: Matrix) -> Matrix:
 
 def clip_cov_candidates(logp: Matrix, logp_old: Matrix, adv: Matrix, mask: Matrix, eps_low: float, eps_high: float,
                         low: float, high: float) -> set[tuple[int, int]]:
-    """Clip-Cov's candidates: counted, not cut by the PPO clip, low <= Cov <= high."""
+    """Clip-Cov's candidates: counted, not cut by the PPO clip, low < Cov < high."""
     cov = token_covariance(logp, adv, mask)
     out = set()
     for i, (lr, lo, ar, mr) in enumerate(zip(logp, logp_old, adv, mask)):
         for t, m in enumerate(mr):
             r = math.exp(lr[t] - lo[t])
             cut = (ar[t] > 0 and r > 1 + eps_high) or (ar[t] < 0 and r < 1 - eps_low)
-            if m and not cut and low <= cov[i][t] <= high:
+            if m and not cut and low < cov[i][t] < high:
                 out.add((i, t))
     return out
 

@@ -72,7 +72,7 @@ class AlgoSpec:
         5.0, "CISPO: cap of the detached IS weight, an absolute value, not 1 + eps (ScaleRL: 5; verl's clip_ratio_high 0.2 means 1.2)."
     )
     cov_clip_ratio: float = _f(2e-4, "Clip-Cov: fraction r of counted tokens whose gradient is cut, drawn at random among the candidates (paper: 2e-4).")
-    cov_clip_low: float = _f(1.0, "Clip-Cov: candidates have cov_clip_low <= Cov(logp, A) <= cov_clip_high (paper: omega = [1, 5]).")
+    cov_clip_low: float = _f(1.0, "Clip-Cov: candidates have cov_clip_low < Cov(logp, A) < cov_clip_high, strict (paper: omega = (1, 5)).")
     cov_clip_high: float = _f(5.0, "Clip-Cov: upper covariance bound of the candidates (paper: 5).")
     kl_cov_ratio: float = _f(2e-3, "KL-Cov: fraction k of counted tokens, those of largest Cov(logp, A), that get the KL penalty (paper: 2e-3 for 7B, 2e-4 for 32B).")
     kl_cov_coef: float = _f(1.0, "KL-Cov: beta, weight of |logp - logp_old| on the selected tokens (paper: 1).")

@@ -154,7 +154,7 @@ def test_token_covariance_matches_reference(B, T) -> None:
 
 
 def cov_inputs(seed: int = 5):
-    # wide log-probs and advantages so that many tokens have Cov in [1, 5]
+    # wide log-probs and advantages so that many tokens have Cov in (1, 5)
     g = torch.Generator().manual_seed(seed)
     logp_old = -torch.rand(6, 10, generator=g, dtype=torch.float64) * 8
     logp = (logp_old + torch.randn(6, 10, generator=g, dtype=torch.float64) * 0.1).requires_grad_(True)
@@ -201,6 +201,20 @@ def test_clip_cov_takes_its_authors_clip_ratios_1_1() -> None:
     assert (spec.loss_params().eps_low, spec.loss_params().eps_high) == (1.0, 1.0)
     with pytest.raises(ValueError, match="eps_low"):
         LossParams(eps_low=1.5)
+
+@pytest.mark.parametrize("scale,selected", [(1.0, 0), (2.0, 2), (5.0, 0)])
+def test_clip_cov_window_is_strict(scale, selected) -> None:
+    # Cov = (logp - mean) (A - mean) = (+-1) (+-scale) = scale exactly on both tokens (r = 1, no
+    # PPO clip): on a bound (1 or 5) a token is no candidate (paper, verl: omega_low < Cov <
+    # omega_high); inside (2) both are, and ratio 1 cuts both
+    logp = torch.tensor([[0.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([[scale, -scale]], dtype=torch.float64)
+    m = torch.ones(1, 2)
+    assert token_covariance(logp, adv, m).tolist() == [[scale, scale]]
+    out, g = run("clip-cov", logp, logp.detach().clone(), adv, m, cov_clip_ratio=1.0)
+    assert out.metrics["cov_selected_frac"] == selected / 2
+    assert int((g == 0).sum()) == selected
+    assert len(ref.clip_cov_candidates(*lists(logp, logp, adv), m.int().tolist(), 0.2, 0.2, 1.0, 5.0)) == selected
 
 def test_clip_cov_random_draw_is_reproducible_and_among_candidates() -> None:
     logp, logp_old, adv, m = cov_inputs()
