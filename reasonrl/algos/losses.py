@@ -35,7 +35,8 @@ class LossParams:
     "epsilon_high" absolute: these names say which). ``cov_clip_ratio`` / ``cov_clip_low`` /
     ``cov_clip_high``: Clip-Cov's r, omega_low, omega_high; ``kl_cov_ratio`` / ``kl_cov_coef``:
     KL-Cov's k and beta. ``generator``: the source of the covariance losses' random draws (the
-    learner passes its seeded one; None: a fresh generator seeded 0), never the global RNG.
+    learner passes its seeded one; None: torch's global RNG, fresh draws on every call, which
+    ``torch.manual_seed`` makes reproducible).
     """
 
     eps_low: float = 0.2
@@ -307,11 +308,11 @@ def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         return torch.where(m, cov, torch.zeros((), dtype=cov.dtype, device=cov.device))
 
 
-def _cov_count(ratio: float, m: Tensor, params: LossParams) -> tuple[int, torch.Generator]:
-    """floor(ratio * N + u), u ~ U[0, 1) from ``params.generator`` (None: a fresh one seeded 0), and
+def _cov_count(ratio: float, m: Tensor, params: LossParams) -> tuple[int, torch.Generator | None]:
+    """floor(ratio * N + u), u ~ U[0, 1) from ``params.generator`` (None: torch's global RNG), and
     the generator: stochastic rounding, so the expected count is ratio * N whatever the micro-batch
     size (verl's max(floor(ratio * N), 1) selects at least one token per micro-batch)."""
-    gen = params.generator if params.generator is not None else torch.Generator().manual_seed(0)
+    gen = params.generator
     return int(math.floor(ratio * int(m.sum()) + float(torch.rand((), generator=gen)))), gen
 
 
@@ -334,7 +335,7 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
     The authors' recipes (verl) set the clip ratios to 1 / 1, ``eps_low = eps_high = 1``: the
     range [0, 2], so the covariance cut all but replaces PPO's clip (only r > 2 with A > 0 is
     clipped); with the row's 0.2 a token with r = 1.5, A > 0 has no gradient, with 1 / 1 it keeps it.
-    The draw uses ``params.generator`` (reproducible; never the global RNG) and is made over the
+    The draw uses ``params.generator`` (None: torch's global RNG) and is made over the
     tokens of this call: the learner calls the loss per micro-batch (as verl), because the
     covariance needs the current log-probs, which exist only inside that micro-batch's forward
     (a mini-batch-wide selection would need a second forward, or pi_old instead of pi). The

@@ -248,6 +248,29 @@ def test_cov_count_is_unbiased_whatever_the_micro_batch() -> None:
     assert sum(fracs) / len(fracs) == pytest.approx(ratio, rel=0.15)
 
 
+def test_cov_draws_without_a_generator_come_fresh_from_the_global_rng() -> None:
+    # params.generator = None: every call draws anew from torch's global RNG (not one fixed
+    # number), so a seeded run (torch.manual_seed) stays reproducible
+    logp, logp_old, adv, m = cov_inputs(7)
+    n = int(m.sum())
+    with torch.random.fork_rng():
+        def counts(seed: int) -> list[int]:
+            torch.manual_seed(seed)  # ratio * N = 0.5: the count is 0 or 1, each with probability 1/2
+            return [round(run("kl-cov", logp, logp_old, adv, m, kl_cov_ratio=0.5 / n)[0].metrics["cov_selected_frac"] * n) for _ in range(40)]
+
+        first = counts(0)
+        assert set(first) == {0, 1}
+        assert counts(0) == first
+
+        def cut(seed: int | None = None) -> list[list[bool]]:
+            if seed is not None:
+                torch.manual_seed(seed)
+            return (run("clip-cov", logp, logp_old, adv, m, cov_clip_ratio=0.1)[1] == 0).tolist()
+
+        draws = [cut() for _ in range(10)]
+        assert any(d != draws[0] for d in draws)  # the token draw is fresh too
+        assert cut(1) == cut(1)
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_kl_cov_matches_reference(agg) -> None:
     logp, logp_old, adv, m = cov_inputs(9)
