@@ -340,8 +340,14 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
     covariance needs the current log-probs, which exist only inside that micro-batch's forward
     (a mini-batch-wide selection would need a second forward, or pi_old instead of pi). The
     count is stochastically rounded so that its expectation, r * N, does not depend on the
-    micro-batch size; the centring means are the micro-batch's (a uniform sample of the shuffled
-    mini-batch). The selection acts from the first, on-policy update on.
+    micro-batch size. The centring means and the candidates are the micro-batch's, and a
+    micro-batch is not a uniform sample of the mini-batch: the learner (``Learner.arrange``) cuts
+    the mini-batch either by prompt group (a group's responses together) or by response length
+    (longest first), whichever pads less. So Cov_t is measured against the few groups (whose
+    group-relative advantages then centre near 0) or the similar-length responses of its
+    micro-batch, and the tokens cut are drawn among that micro-batch's candidates, not the
+    mini-batch's (the two coincide only when a mini-batch is one micro-batch). KL-Cov's top-k is
+    per micro-batch alike. The selection acts from the first, on-policy update on.
 
     Returns:
         :class:`PolicyLossOutput` as :func:`ppo_clip_loss`, plus metric ``cov_selected_frac``

@@ -271,6 +271,25 @@ def test_cov_draws_without_a_generator_come_fresh_from_the_global_rng() -> None:
         assert any(d != draws[0] for d in draws)  # the token draw is fresh too
         assert cut(1) == cut(1)
 
+def test_cov_selection_is_the_micro_batchs_and_the_doc_says_how_micro_batches_are_cut() -> None:
+    # Cov is centred over the call's tokens: a micro-batch holding one prompt group (as
+    # Learner.arrange may cut a mini-batch) has other Clip-Cov candidates than the whole
+    # mini-batch has in the same rows (r = 1: no PPO clip; ratio 1: every candidate cut)
+    logp = torch.tensor([[-0.5, -1.0, -3.0], [-2.0, -2.5, -4.0], [-6.0, -6.5, -7.0], [-5.0, -8.0, -9.0]], dtype=torch.float64)
+    adv = torch.tensor([1.5, -0.5, 1.0, -2.0], dtype=torch.float64)  # groups: rows {0, 1}, {2, 3}
+    m = torch.ones(4, 3)
+
+    def cut(rows: slice) -> set[tuple[int, int]]:
+        lp = logp[rows].clone().requires_grad_(True)
+        _, g = run("clip-cov", lp, logp[rows], adv[rows], m[rows], cov_clip_ratio=1.0)
+        return {(int(i), int(t)) for i, t in (g == 0).nonzero().tolist()}
+
+    assert {x for x in cut(slice(0, 4)) if x[0] < 2} == {(0, 2)}
+    assert cut(slice(0, 2)) == {(0, 0), (0, 1), (1, 2)}
+    # the docstring describes the learner's arrangement, not uniform micro-batches
+    doc = " ".join(POLICY_LOSSES["clip-cov"].__doc__.split())
+    assert "Learner.arrange" in doc and "(a uniform sample of the shuffled mini-batch)" not in doc
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_kl_cov_matches_reference(agg) -> None:
     logp, logp_old, adv, m = cov_inputs(9)
