@@ -1,11 +1,13 @@
 """Memory-friendly per-token quantities from logits: entropy and log-probs of given tokens, under
 the distribution a sampler actually draws from.
 
-The sampling distribution (:class:`Sampling`, :func:`sampling_logits`) is the one vLLM's sampler
-and ``processed_logprobs`` use (vLLM 0.32 ``v1/sample``): logits / T, then the top-k mask (every
-logit >= the k-th largest is kept, ties included), then the top-p mask over the softmax of what
-top-k kept (a token is kept iff the renormalised mass of the tokens ranked above it is < p; the top
-token always stays), renormalised over the kept set. The transformers engine samples from it and
+The sampling distribution (:class:`Sampling`, :func:`sampling_logits`) is the one vLLM's CPU
+sampler and ``processed_logprobs`` use (vLLM 0.32 ``v1/sample``, computed the same way): logits / T,
+then the top-k mask (every logit >= the k-th largest is kept, ties included), then the top-p mask
+over the softmax of what top-k kept (the logits sorted ascending by torch's default sort, a token
+dropped iff the cumulative mass up to it is <= 1 - p, i.e. kept iff the mass sorted above it is
+< p; the top token always stays; tied tokens at the cut are kept or dropped in the order that
+sort leaves them), renormalised over the kept set. The transformers engine samples from it and
 the trainer scores every token under it, so the old log-probs, the update's log-probs, the entropy
 and the clip-by-probability buckets all describe the distribution that produced the tokens.
 
@@ -84,22 +86,21 @@ def _chunks(n: int, step: int) -> range:
 
 def _keep_mask(z: Tensor, sampling: Sampling) -> Tensor | None:
     """(N, V) bool: the tokens the sampler may draw, from temperature-scaled logits ``z``; None
-    when every token is kept."""
-    keep = None
+    when every token is kept. vLLM's CPU rule, op for op (``apply_top_k_top_p_pytorch``): top-k
+    alone keeps every logit >= the k-th largest; with top-p the logits are sorted ascending by
+    torch's default sort (so tied tokens fall in the order that sort leaves them, not by index),
+    top-k masks the sorted values below the k-th largest, and a token is dropped when the
+    cumulative softmax mass up to it (ascending) is <= 1 - p, the largest always kept."""
     V = z.shape[-1]
-    if 0 < sampling.top_k < V:
-        kth = torch.topk(z, sampling.top_k, dim=-1).values[:, -1:]
-        keep = z >= kth
-    if sampling.top_p < 1.0:
-        zk = z if keep is None else z.masked_fill(~keep, float("-inf"))
-        srt, idx = torch.sort(zk, dim=-1, descending=True)
-        probs = torch.softmax(srt, dim=-1)
-        before = probs.cumsum(-1) - probs  # mass of the tokens ranked above
-        keep_sorted = before < sampling.top_p
-        keep_sorted[:, 0] = True
-        keep_p = torch.zeros_like(keep_sorted).scatter(-1, idx, keep_sorted)
-        keep = keep_p if keep is None else keep & keep_p
-    return keep
+    k = sampling.top_k if 0 < sampling.top_k < V else 0
+    if sampling.top_p >= 1.0:
+        return z >= torch.topk(z, k, dim=-1).values[:, -1:] if k else None
+    srt, idx = z.sort(dim=-1, descending=False)
+    if k:
+        srt = srt.masked_fill(srt < srt[:, V - k : V - k + 1], float("-inf"))
+    drop = srt.softmax(dim=-1).cumsum(dim=-1) <= 1 - torch.full((), sampling.top_p, dtype=z.dtype, device=z.device)
+    drop[:, -1] = False
+    return torch.ones_like(drop).scatter(-1, idx, ~drop)
 
 
 def _processed(x: Tensor, sampling: Sampling, ids: Tensor | None) -> Tensor:

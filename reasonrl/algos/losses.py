@@ -28,13 +28,15 @@ __all__ = ["LossParams", "PolicyLossOutput", "PolicyLoss", "POLICY_LOSSES", "ppo
 class LossParams:
     """The knobs of every policy loss (each loss reads the ones it uses; ``AlgoSpec.loss_params``).
 
-    ``eps_low`` / ``eps_high`` / ``dual_clip``: the PPO clip (ppo-clip, gspo, clip-cov).
+    ``eps_low`` / ``eps_high`` / ``dual_clip``: the PPO clip (ppo-clip, gspo, clip-cov); ``eps_low
+    = 1`` puts the lower bound at 0, i.e. no lower clip (Clip-Cov's authors run 1 / 1).
     ``cispo_weight_min`` / ``cispo_weight_max``: CISPO's IS-weight bounds, **absolute** values of
     the weight (clamp(r, min, max)), never 1 ± eps (verl's "clip_ratio_high" is relative, TRL's
     "epsilon_high" absolute: these names say which). ``cov_clip_ratio`` / ``cov_clip_low`` /
     ``cov_clip_high``: Clip-Cov's r, omega_low, omega_high; ``kl_cov_ratio`` / ``kl_cov_coef``:
     KL-Cov's k and beta. ``generator``: the source of the covariance losses' random draws (the
-    learner passes its seeded one; None: a fresh generator seeded 0), never the global RNG.
+    learner passes its seeded one; None: torch's global RNG, fresh draws on every call, which
+    ``torch.manual_seed`` makes reproducible).
     """
 
     eps_low: float = 0.2
@@ -50,8 +52,8 @@ class LossParams:
     generator: torch.Generator | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.eps_low < 0 or self.eps_low >= 1 or self.eps_high < 0:
-            raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
+        if not 0 <= self.eps_low <= 1 or self.eps_high < 0:
+            raise ValueError(f"need 0 <= eps_low <= 1 (1: no lower clip) and eps_high >= 0, got {self.eps_low}, {self.eps_high}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if not 0.0 <= self.cispo_weight_min <= 1.0 <= self.cispo_weight_max:
@@ -306,11 +308,11 @@ def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         return torch.where(m, cov, torch.zeros((), dtype=cov.dtype, device=cov.device))
 
 
-def _cov_count(ratio: float, m: Tensor, params: LossParams) -> tuple[int, torch.Generator]:
-    """floor(ratio * N + u), u ~ U[0, 1) from ``params.generator`` (None: a fresh one seeded 0), and
+def _cov_count(ratio: float, m: Tensor, params: LossParams) -> tuple[int, torch.Generator | None]:
+    """floor(ratio * N + u), u ~ U[0, 1) from ``params.generator`` (None: torch's global RNG), and
     the generator: stochastic rounding, so the expected count is ratio * N whatever the micro-batch
     size (verl's max(floor(ratio * N), 1) selects at least one token per micro-batch)."""
-    gen = params.generator if params.generator is not None else torch.Generator().manual_seed(0)
+    gen = params.generator
     return int(math.floor(ratio * int(m.sum()) + float(torch.rand((), generator=gen)))), gen
 
 
@@ -324,19 +326,28 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
     with the gradient of a few high-covariance tokens cut.
 
         Cov_t     = token_covariance(logp, A, M)            (current log-probs, detached)
-        candidates: counted tokens with omega_low <= Cov_t <= omega_high, not already cut by the PPO clip
+        candidates: counted tokens with omega_low < Cov_t < omega_high (strict, as the paper and verl), not already cut by the PPO clip
         I_clip    = floor(r * N + u) of them drawn uniformly at random (N = counted tokens)
         l_t       = 0 (no gradient) for t in I_clip, the clipped surrogate otherwise
 
     aggregated with ``agg``; the selected tokens still count in the denominator (as verl). Paper
-    defaults r = 2e-4, omega = [1, 5] (``cov_clip_ratio``, ``cov_clip_low``, ``cov_clip_high``).
-    The draw uses ``params.generator`` (reproducible; never the global RNG) and is made over the
+    defaults r = 2e-4, omega = (1, 5) (``cov_clip_ratio``, ``cov_clip_low``, ``cov_clip_high``).
+    The authors' recipes (verl) set the clip ratios to 1 / 1, ``eps_low = eps_high = 1``: the
+    range [0, 2], so the covariance cut all but replaces PPO's clip (only r > 2 with A > 0 is
+    clipped); with the row's 0.2 a token with r = 1.5, A > 0 has no gradient, with 1 / 1 it keeps it.
+    The draw uses ``params.generator`` (None: torch's global RNG) and is made over the
     tokens of this call: the learner calls the loss per micro-batch (as verl), because the
     covariance needs the current log-probs, which exist only inside that micro-batch's forward
     (a mini-batch-wide selection would need a second forward, or pi_old instead of pi). The
     count is stochastically rounded so that its expectation, r * N, does not depend on the
-    micro-batch size; the centring means are the micro-batch's (a uniform sample of the shuffled
-    mini-batch). The selection acts from the first, on-policy update on.
+    micro-batch size. The centring means and the candidates are the micro-batch's, and a
+    micro-batch is not a uniform sample of the mini-batch: the learner (``Learner.arrange``) cuts
+    the mini-batch either by prompt group (a group's responses together) or by response length
+    (longest first), whichever pads less. So Cov_t is measured against the few groups (whose
+    group-relative advantages then centre near 0) or the similar-length responses of its
+    micro-batch, and the tokens cut are drawn among that micro-batch's candidates, not the
+    mini-batch's (the two coincide only when a mini-batch is one micro-batch). KL-Cov's top-k is
+    per micro-batch alike. The selection acts from the first, on-policy update on.
 
     Returns:
         :class:`PolicyLossOutput` as :func:`ppo_clip_loss`, plus metric ``cov_selected_frac``
@@ -347,7 +358,7 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
     t = _clipped(torch.exp(log_ratio), log_ratio, adv, m, params)
     cov = token_covariance(logp, adv, m)
     cand = m & ~t.upper & ~t.lower & ~t.counts.get("clipfrac_dual", torch.zeros_like(m))
-    cand &= (cov >= params.cov_clip_low) & (cov <= params.cov_clip_high)
+    cand &= (cov > params.cov_clip_low) & (cov < params.cov_clip_high)
     count, gen = _cov_count(params.cov_clip_ratio, m, params)
     idx = cand.flatten().nonzero().squeeze(1)
     selected = _as_mask(idx[torch.randperm(idx.numel(), generator=gen)[:count].to(idx.device)], m)

@@ -153,14 +153,14 @@ def token_covariance(logp: Matrix, adv: Matrix, mask: Matrix) -> Matrix:
 
 def clip_cov_candidates(logp: Matrix, logp_old: Matrix, adv: Matrix, mask: Matrix, eps_low: float, eps_high: float,
                         low: float, high: float) -> set[tuple[int, int]]:
-    """Clip-Cov's candidates: counted, not cut by the PPO clip, low <= Cov <= high."""
+    """Clip-Cov's candidates: counted, not cut by the PPO clip, low < Cov < high."""
     cov = token_covariance(logp, adv, mask)
     out = set()
     for i, (lr, lo, ar, mr) in enumerate(zip(logp, logp_old, adv, mask)):
         for t, m in enumerate(mr):
             r = math.exp(lr[t] - lo[t])
             cut = (ar[t] > 0 and r > 1 + eps_high) or (ar[t] < 0 and r < 1 - eps_low)
-            if m and not cut and low <= cov[i][t] <= high:
+            if m and not cut and low < cov[i][t] < high:
                 out.add((i, t))
     return out
 
@@ -276,10 +276,13 @@ def prefix_mask_lengths(B: int, T: int, seed: int) -> list[int]:
     return lengths
 
 
-def sampling_logprobs(logits_row: list[float], temperature: float, top_k: int, top_p: float) -> list[float]:
-    """log-probabilities of the sampling distribution (vLLM's order: /T, top-k with ties kept, top-p
-    over the renormalised top-k set keeping a token iff the mass ranked above it is < p); -inf for
-    the filtered tokens."""
+def sampling_logprobs(logits_row: list[float], temperature: float, top_k: int, top_p: float,
+                      order: list[int] | None = None) -> list[float]:
+    """log-probabilities of the sampling distribution (vLLM's CPU rule: /T, top-k with ties kept,
+    then top-p over the renormalised top-k set: the tokens in ascending order, a token dropped iff
+    the cumulative mass up to it is <= 1 - p, the last one always kept); -inf for the filtered
+    tokens. ``order``: the token indices in the ascending order the sampler's sort leaves them
+    (it decides between tied tokens at the cut); None: by value, ties by index."""
     z = [x / temperature for x in logits_row]
     keep = [True] * len(z)
     if 0 < top_k < len(z):
@@ -289,12 +292,12 @@ def sampling_logprobs(logits_row: list[float], temperature: float, top_k: int, t
         mx = max(x for x, k in zip(z, keep) if k)
         w = [math.exp(x - mx) if k else 0.0 for x, k in zip(z, keep)]
         total = sum(w)
-        order = sorted(range(len(z)), key=lambda i: -z[i])
-        before = 0.0
-        for rank, i in enumerate(order):
-            if keep[i] and not (before < top_p or rank == 0):
+        ranked = order if order is not None else sorted(range(len(z)), key=lambda i: (z[i], i))
+        cum = 0.0
+        for pos, i in enumerate(ranked):
+            cum += w[i] / total
+            if cum <= 1 - top_p and pos < len(ranked) - 1:
                 keep[i] = False
-            before += w[i] / total
     mx = max(x for x, k in zip(z, keep) if k)
     lse = mx + math.log(sum(math.exp(x - mx) for x, k in zip(z, keep) if k))
     return [x - lse if k else float("-inf") for x, k in zip(z, keep)]

@@ -13,7 +13,10 @@ row (or ``get_algo(name).replace(...)``), never new control flow in the trainer.
 | vapo   | gae              | yes*   | 1-1/(0.05 l) / 1.0  | ppo-clip    | 0.2 / 0.28   | token-mean              | no | no / no                 | 0  | 0.1      |
 
 (* value pretraining required first.) gamma = 1.0 everywhere. ``clip-cov`` and ``kl-cov`` are
-policy losses any row can take (``--policy-loss clip-cov``). Every field is documented once, in
+policy losses any row can take (``--policy-loss clip-cov``); Clip-Cov's authors run it with clip
+ratios 1 / 1 (range [0, 2]: the covariance cut instead of PPO's clip) on GRPO advantages,
+token-mean, with dynamic sampling: ``--algo grpo --policy-loss clip-cov --eps-low 1 --eps-high 1
+--loss-agg token-mean --dynamic-sampling``. Every field is documented once, in
 its ``metadata["help"]`` (``AlgoSpec.field_help(name)``); validation is in ``__post_init__`` and
 raises ValueError saying what to change.
 """
@@ -61,7 +64,7 @@ class AlgoSpec:
         "Policy loss, a key of POLICY_LOSSES: 'ppo-clip' (PPO / GRPO / DAPO clipped surrogate), 'gspo' (sequence-level ratio), "
         "'cispo' (clipped, detached IS weight), 'clip-cov' / 'kl-cov' (covariance-based token selection, arXiv 2505.22617).",
     )
-    eps_low: float = _f(0.2, "Lower clip: the ratio is clipped at 1 - eps_low (A < 0).")
+    eps_low: float = _f(0.2, "Lower clip: the ratio is clipped at 1 - eps_low (A < 0); in [0, 1], 1: no lower clip.")
     eps_high: float = _f(0.2, "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28).")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1: per-token loss capped at c*|A| when A < 0 (None: off; usual 3).")
     cispo_weight_min: float = _f(0.0, "CISPO: floor of the detached IS weight, an absolute value: w = clamp(r, min, max) (MiniMax-M1: none, 0).")
@@ -69,7 +72,7 @@ class AlgoSpec:
         5.0, "CISPO: cap of the detached IS weight, an absolute value, not 1 + eps (ScaleRL: 5; verl's clip_ratio_high 0.2 means 1.2)."
     )
     cov_clip_ratio: float = _f(2e-4, "Clip-Cov: fraction r of counted tokens whose gradient is cut, drawn at random among the candidates (paper: 2e-4).")
-    cov_clip_low: float = _f(1.0, "Clip-Cov: candidates have cov_clip_low <= Cov(logp, A) <= cov_clip_high (paper: omega = [1, 5]).")
+    cov_clip_low: float = _f(1.0, "Clip-Cov: candidates have cov_clip_low < Cov(logp, A) < cov_clip_high, strict (paper: omega = (1, 5)).")
     cov_clip_high: float = _f(5.0, "Clip-Cov: upper covariance bound of the candidates (paper: 5).")
     kl_cov_ratio: float = _f(2e-3, "KL-Cov: fraction k of counted tokens, those of largest Cov(logp, A), that get the KL penalty (paper: 2e-3 for 7B, 2e-4 for 32B).")
     kl_cov_coef: float = _f(1.0, "KL-Cov: beta, weight of |logp - logp_old| on the selected tokens (paper: 1).")

@@ -157,12 +157,17 @@ def test_sampling_distribution_matches_the_loop_reference(temperature, top_k, to
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 40, generator=g, dtype=torch.float64) * 2
     logits[0, :5] = logits[0, 0]  # ties at the top: top-k keeps every tied token
+    logits[1] *= 0.1
+    logits[1, 10:30] = 0.0  # 20 tied tokens mid-row: the top-p cut falls among them (kept in the order torch's ascending sort leaves them)
     sp = Sampling(temperature, top_k, top_p)
     got = torch.log_softmax(sampling_logits(logits, sp), -1)
-    want = torch.tensor([ref.sampling_logprobs(r, temperature, top_k, top_p) for r in logits.tolist()], dtype=torch.float64)
+    orders = torch.sort(logits / temperature, dim=-1)[1].tolist()
+    want = torch.tensor([ref.sampling_logprobs(r, temperature, top_k, top_p, o) for r, o in zip(logits.tolist(), orders)], dtype=torch.float64)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     fin = torch.isfinite(want)
     torch.testing.assert_close(got[fin], want[fin])
+    if top_p < 1.0 and (top_k <= 0 or top_k >= 20):
+        assert 0 < int(fin[1, 10:30].sum()) < 20  # the ties straddle the cut
     ids = torch.multinomial(got.exp(), 1, generator=g).squeeze(-1)
     lp = logprobs_from_logits(logits, ids, chunk_size=2, sampling=sp)
     torch.testing.assert_close(lp, want.gather(-1, ids[:, None]).squeeze(-1))
@@ -262,3 +267,37 @@ def test_auto_chunks_are_cache_sized_on_cpu_and_change_nothing() -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="chunk_size"):
         entropy_from_logits(x0, chunk_size="big")
+
+
+# vLLM's CPU sampler (vLLM 0.32): settings (T, top_k, top_p) with both cuts alone and together
+VLLM_CUTS = [(1.0, -1, 0.5), (1.0, -1, 0.9), (1.0, 5, 1.0), (1.0, 5, 0.7), (0.7, 10, 0.9), (1.3, 3, 0.6), (0.6, -1, 0.3)]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("V", [12, 40, 1000, 49152])
+def test_sampling_keeps_the_tokens_vllms_cpu_sampler_keeps_where_ties_straddle_the_cuts(V) -> None:
+    """Rows of a few distinct logits (many tokens tied at every cut): the trainer's kept set is
+    the one vLLM's own top-k / top-p function (what its CPU sampler calls) keeps, and the kept
+    tokens' log-probs are its processed log-probs."""
+    pytest.importorskip("vllm")
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    n = 8
+    rows = torch.randint(0, 6, (n, V), generator=torch.Generator().manual_seed(V)).float() * 0.75
+    rows[0, :3] = 6.0  # a tied top
+    straddled = {"top-k": False, "top-p": False}
+    for T, k, p in VLLM_CUTS:
+        scaled = rows.clone().div_(torch.full((n,), T).unsqueeze(1))  # vLLM's temperature step
+        kk = torch.full((n,), k, dtype=torch.int32) if 0 < k < V else None
+        pp = torch.full((n,), p, dtype=torch.float32) if p < 1.0 else None
+        want = apply_top_k_top_p(scaled, kk, pp)
+        got = sampling_logits(rows, Sampling(T, k, p))
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)), (T, k, p)
+        kept = torch.isfinite(want)
+        torch.testing.assert_close(torch.log_softmax(got, -1)[kept], torch.log_softmax(want, -1)[kept], rtol=0, atol=1e-6)
+        for r in range(n):  # some tokens of one logit value kept, others not: ties straddle the cut
+            vals = rows[r].unique()
+            split = any(kept[r][rows[r] == v].any() and not kept[r][rows[r] == v].all() for v in vals)
+            straddled["top-p"] |= bool(split and p < 1.0)
+            straddled["top-k"] |= bool(kk is not None and p == 1.0 and int(kept[r].sum()) > k)
+    assert straddled["top-p"] and straddled["top-k"]

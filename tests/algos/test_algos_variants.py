@@ -12,6 +12,7 @@ from reasonrl.algos import (
     AGG_MODES,
     POLICY_LOSSES,
     LossParams,
+    get_algo,
     policy_loss,
     positive_example_nll,
     token_covariance,
@@ -153,7 +154,7 @@ def test_token_covariance_matches_reference(B, T) -> None:
 
 
 def cov_inputs(seed: int = 5):
-    # wide log-probs and advantages so that many tokens have Cov in [1, 5]
+    # wide log-probs and advantages so that many tokens have Cov in (1, 5)
     g = torch.Generator().manual_seed(seed)
     logp_old = -torch.rand(6, 10, generator=g, dtype=torch.float64) * 8
     logp = (logp_old + torch.randn(6, 10, generator=g, dtype=torch.float64) * 0.1).requires_grad_(True)
@@ -176,6 +177,44 @@ def test_clip_cov_extremes_match_reference() -> None:
     torch.testing.assert_close(out0.loss, out1.loss)
     torch.testing.assert_close(g0, g1)
 
+
+def test_clip_cov_takes_its_authors_clip_ratios_1_1() -> None:
+    # The authors run Clip-Cov with clip ratios 1 / 1 (their verl recipe: clip range [0, 2], the
+    # covariance cut instead of PPO's clip). Measured: d loss / d logp of a token with r = 1.5,
+    # A = +1, in a token-mean over 2 counted tokens (the other r = 1, A = +1); the covariance
+    # draw is off (cov_clip_ratio = 0) so that only the clip range acts.
+    logp_old = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    logp = (logp_old + torch.tensor([[math.log(1.5), 0.0]], dtype=torch.float64)).requires_grad_(True)
+    adv, m = torch.ones(1, 2, dtype=torch.float64), torch.ones(1, 2)
+    _, g_ppo = run("clip-cov", logp, logp_old, adv, m, cov_clip_ratio=0.0)  # eps 0.2 / 0.2: r = 1.5 > 1.2 is clipped
+    assert g_ppo[0, 0].item() == 0.0
+    out, g = run("clip-cov", logp, logp_old, adv, m, cov_clip_ratio=0.0, eps_low=1.0, eps_high=1.0)
+    assert g[0, 0].item() == pytest.approx(-1.5 * 1.0 / 2)  # -r A / N = -0.75: inside [0, 2], not clipped
+    assert out.metrics["clipfrac"] == 0.0
+    # the upper bound 2 still clips (r = 2.5, A > 0); the lower bound 0 never does (r = e^-3, A < 0)
+    far = (logp_old + torch.tensor([[math.log(2.5), -3.0]], dtype=torch.float64)).requires_grad_(True)
+    out, g = run("clip-cov", far, logp_old, torch.tensor([[1.0, -1.0]], dtype=torch.float64), m, cov_clip_ratio=0.0, eps_low=1.0, eps_high=1.0)
+    assert g[0, 0].item() == 0.0 and g[0, 1].item() == pytest.approx(math.exp(-3.0) / 2)
+    assert (out.metrics["clipfrac_upper"], out.metrics["clipfrac_lower"]) == (0.5, 0.0)
+    # and the row takes it (--policy-loss clip-cov --eps-low 1 --eps-high 1)
+    spec = get_algo("grpo").replace(policy_loss="clip-cov", eps_low=1.0, eps_high=1.0)
+    assert (spec.loss_params().eps_low, spec.loss_params().eps_high) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="eps_low"):
+        LossParams(eps_low=1.5)
+
+@pytest.mark.parametrize("scale,selected", [(1.0, 0), (2.0, 2), (5.0, 0)])
+def test_clip_cov_window_is_strict(scale, selected) -> None:
+    # Cov = (logp - mean) (A - mean) = (+-1) (+-scale) = scale exactly on both tokens (r = 1, no
+    # PPO clip): on a bound (1 or 5) a token is no candidate (paper, verl: omega_low < Cov <
+    # omega_high); inside (2) both are, and ratio 1 cuts both
+    logp = torch.tensor([[0.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([[scale, -scale]], dtype=torch.float64)
+    m = torch.ones(1, 2)
+    assert token_covariance(logp, adv, m).tolist() == [[scale, scale]]
+    out, g = run("clip-cov", logp, logp.detach().clone(), adv, m, cov_clip_ratio=1.0)
+    assert out.metrics["cov_selected_frac"] == selected / 2
+    assert int((g == 0).sum()) == selected
+    assert len(ref.clip_cov_candidates(*lists(logp, logp, adv), m.int().tolist(), 0.2, 0.2, 1.0, 5.0)) == selected
 
 def test_clip_cov_random_draw_is_reproducible_and_among_candidates() -> None:
     logp, logp_old, adv, m = cov_inputs()
@@ -208,6 +247,48 @@ def test_cov_count_is_unbiased_whatever_the_micro_batch() -> None:
     fracs = [run("kl-cov", logp, logp_old, adv, m, kl_cov_ratio=ratio, generator=gen)[0].metrics["cov_selected_frac"] for _ in range(600)]
     assert sum(fracs) / len(fracs) == pytest.approx(ratio, rel=0.15)
 
+
+def test_cov_draws_without_a_generator_come_fresh_from_the_global_rng() -> None:
+    # params.generator = None: every call draws anew from torch's global RNG (not one fixed
+    # number), so a seeded run (torch.manual_seed) stays reproducible
+    logp, logp_old, adv, m = cov_inputs(7)
+    n = int(m.sum())
+    with torch.random.fork_rng():
+        def counts(seed: int) -> list[int]:
+            torch.manual_seed(seed)  # ratio * N = 0.5: the count is 0 or 1, each with probability 1/2
+            return [round(run("kl-cov", logp, logp_old, adv, m, kl_cov_ratio=0.5 / n)[0].metrics["cov_selected_frac"] * n) for _ in range(40)]
+
+        first = counts(0)
+        assert set(first) == {0, 1}
+        assert counts(0) == first
+
+        def cut(seed: int | None = None) -> list[list[bool]]:
+            if seed is not None:
+                torch.manual_seed(seed)
+            return (run("clip-cov", logp, logp_old, adv, m, cov_clip_ratio=0.1)[1] == 0).tolist()
+
+        draws = [cut() for _ in range(10)]
+        assert any(d != draws[0] for d in draws)  # the token draw is fresh too
+        assert cut(1) == cut(1)
+
+def test_cov_selection_is_the_micro_batchs_and_the_doc_says_how_micro_batches_are_cut() -> None:
+    # Cov is centred over the call's tokens: a micro-batch holding one prompt group (as
+    # Learner.arrange may cut a mini-batch) has other Clip-Cov candidates than the whole
+    # mini-batch has in the same rows (r = 1: no PPO clip; ratio 1: every candidate cut)
+    logp = torch.tensor([[-0.5, -1.0, -3.0], [-2.0, -2.5, -4.0], [-6.0, -6.5, -7.0], [-5.0, -8.0, -9.0]], dtype=torch.float64)
+    adv = torch.tensor([1.5, -0.5, 1.0, -2.0], dtype=torch.float64)  # groups: rows {0, 1}, {2, 3}
+    m = torch.ones(4, 3)
+
+    def cut(rows: slice) -> set[tuple[int, int]]:
+        lp = logp[rows].clone().requires_grad_(True)
+        _, g = run("clip-cov", lp, logp[rows], adv[rows], m[rows], cov_clip_ratio=1.0)
+        return {(int(i), int(t)) for i, t in (g == 0).nonzero().tolist()}
+
+    assert {x for x in cut(slice(0, 4)) if x[0] < 2} == {(0, 2)}
+    assert cut(slice(0, 2)) == {(0, 0), (0, 1), (1, 2)}
+    # the docstring describes the learner's arrangement, not uniform micro-batches
+    doc = " ".join(POLICY_LOSSES["clip-cov"].__doc__.split())
+    assert "Learner.arrange" in doc and "(a uniform sample of the shuffled mini-batch)" not in doc
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_kl_cov_matches_reference(agg) -> None:
