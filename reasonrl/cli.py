@@ -1,7 +1,8 @@
 """The `reasonrl` command line: thin Typer commands over plain stage functions.
 
 Every stage command is generated from its config dataclass: one ``--option`` per field (its help
-is the field's documentation), plus ``--config recipe.toml`` and repeated ``--set key=value``.
+is the field's documentation), plus ``--config recipe.toml``, repeated ``--set key=value`` and
+``--verbose`` (the libraries' own logs and bars, off by default: ``reasonrl.console``).
 Precedence: dataclass defaults < recipe < --set < explicit options.
 """
 

@@ -47,30 +47,40 @@ def embedded_model_dir() -> Path:
         if (out / ".complete").exists():
             return out
         import time
+        from contextlib import nullcontext
 
-        import torch
         from rich.console import Console
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        # (transformers' own per-tensor bar is off by default: reasonrl.console)
-        say = Console(stderr=True).print
-        say(f"converting the embedded {_EMBEDDED_NAME} from {gguf.name}, once, into {out} ...", highlight=False)
+        from reasonrl.progress import Display, current, phase
+
+        # Our line and, on a terminal, a clock (transformers' own per-tensor bar is off: reasonrl.console).
+        console = Console(stderr=True)
+        console.print(f"converting the embedded {_EMBEDDED_NAME} from {gguf.name}, once, into {out} ...", highlight=False)
         t0 = time.perf_counter()
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer.remove_quantization_config(model)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tmp = out.with_name(out.name + ".tmp")
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        if out.exists():
-            import shutil
-
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        (out / ".complete").write_text(str(gguf) + "\n")
-        say(f"converted in {time.perf_counter() - t0:.0f} s", highlight=False)
+        with Display(console) if current() is None else nullcontext(), phase(f"converting {_EMBEDDED_NAME} (once)"):
+            _convert(gguf, out)
+        console.print(f"converted in {time.perf_counter() - t0:.0f} s", highlight=False)
     return out
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """The GGUF's model and tokenizer → an HF directory ``out`` (written aside, then renamed)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    (out / ".complete").write_text(str(gguf) + "\n")
 
 
 def resolve_model(name: str | os.PathLike | None) -> Path:
