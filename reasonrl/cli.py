@@ -1,7 +1,8 @@
 """The `reasonrl` command line: thin Typer commands over plain stage functions.
 
 Every stage command is generated from its config dataclass: one ``--option`` per field (its help
-is the field's documentation), plus ``--config recipe.toml`` and repeated ``--set key=value``.
+is the field's documentation), plus ``--config recipe.toml``, repeated ``--set key=value`` and
+``--verbose`` (the libraries' own logs and bars, off by default: ``reasonrl.console``).
 Precedence: dataclass defaults < recipe < --set < explicit options.
 """
 
@@ -12,11 +13,11 @@ import inspect
 import os
 import sys
 import typing
-import warnings
 from typing import Any, Callable, List, Optional
 
 import typer
 
+from reasonrl import console
 from reasonrl.config import base_type, build_config, load_recipe, parse_sets, recipe_layer, sections
 from reasonrl.errors import ReasonRLError
 
@@ -73,10 +74,14 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
                                     default=typer.Option(None, "--config", "-c", help="TOML recipe (see stages/); its keys are this command's options.")))
     params.append(inspect.Parameter("set_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
                                     default=typer.Option(None, "--set", help="Override a recipe key: --set key=value (repeatable).")))
+    params.append(inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                                    default=typer.Option(False, console.VERBOSE_FLAG, help=console.VERBOSE_HELP)))
 
     def command(**kwargs: Any) -> None:
         recipe_path = kwargs.pop("config", None)
         sets = kwargs.pop("set_", None)
+        if not kwargs.pop("verbose", False):
+            console.quiet_libraries()  # (main() did it already, before the libraries were imported)
         with _user_errors():
             stages = sorted({c.name for c in app.registered_commands if c.name and not c.hidden} | {"eval"})
             recipe = recipe_layer(load_recipe(recipe_path), stage or name, cls, stages)
@@ -159,12 +164,10 @@ def main() -> None:
     # vLLM's CPU backend lowers torch to 1 thread unless OMP_NUM_THREADS is set; the trainer shares
     # the process, so give it every core we may use (torchrun sets its own value per rank).
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-    # Quiet by default (vLLM repeats a harmless CPU thread-binding warning at every generate call;
-    # transformers draws a bar per checkpoint write); set these variables to see more.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")  # vLLM's own deprecations
+    # The libraries' logs and bars stay off unless --verbose (reasonrl.console); decided here, before
+    # any of them is imported, since several read their switches at import time.
+    if not console.wants_verbose(sys.argv[1:]):
+        console.quiet_libraries()
     _register()
     try:
         app()

@@ -109,6 +109,7 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         block_size: int | None = None,
     ) -> None:
+        from reasonrl.console import error_line, library_bars
         from reasonrl.devices import vllm_dtype
 
         # Must be set before vLLM reads its environment (first LLM construction in this process).
@@ -152,6 +153,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
             tensor_parallel_size=self.tp,
+            use_tqdm_on_load=library_bars(),  # its "Loading safetensors checkpoint shards" bar (reasonrl.console)
         )
         if enable_sleep_mode:
             kw["enable_sleep_mode"] = True
@@ -209,8 +211,7 @@ class VLLMEngine:
         try:
             self.llm = vllm.LLM(**kw)
         except Exception as e:  # noqa: BLE001 - any construction failure is reported with the fix
-            first = (str(e).splitlines() or [""])[0][:300]
-            raise ReasonRLError(f"vLLM could not load {self.model_dir} ({type(e).__name__}: {first}): use --engine hf, or fix the vLLM setup") from e
+            raise ReasonRLError(f"vLLM could not load {self.model_dir} ({error_line(e)}): use --engine hf, or fix the vLLM setup") from e
         finally:
             torch.set_num_threads = set_num_threads
             torch.set_rng_state(rng)

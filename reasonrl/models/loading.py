@@ -46,23 +46,41 @@ def embedded_model_dir() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (out / ".complete").exists():
             return out
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import time
+        from contextlib import nullcontext
 
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer.remove_quantization_config(model)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tmp = out.with_name(out.name + ".tmp")
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        if out.exists():
-            import shutil
+        from rich.console import Console
 
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        (out / ".complete").write_text(str(gguf) + "\n")
+        from reasonrl.progress import Display, current, phase
+
+        # Our line and, on a terminal, a clock (transformers' own per-tensor bar is off: reasonrl.console).
+        console = Console(stderr=True)
+        console.print(f"converting the embedded {_EMBEDDED_NAME} from {gguf.name}, once, into {out} ...", highlight=False)
+        t0 = time.perf_counter()
+        with Display(console) if current() is None else nullcontext(), phase(f"converting {_EMBEDDED_NAME} (once)"):
+            _convert(gguf, out)
+        console.print(f"converted in {time.perf_counter() - t0:.0f} s", highlight=False)
     return out
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """The GGUF's model and tokenizer → an HF directory ``out`` (written aside, then renamed)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    (out / ".complete").write_text(str(gguf) + "\n")
 
 
 def resolve_model(name: str | os.PathLike | None) -> Path:
@@ -104,10 +122,12 @@ def resolve_policy(model: str | os.PathLike) -> Path:
 def load_tokenizer(path: str | os.PathLike) -> Any:
     from transformers import AutoTokenizer
 
+    from reasonrl.console import error_line
+
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as e:  # noqa: BLE001 - any loader failure is a user-facing bad directory
-        raise ReasonRLError(f"cannot load a tokenizer from {path} ({type(e).__name__}): the model directory needs tokenizer files") from None
+        raise ReasonRLError(f"cannot load a tokenizer from {path} ({error_line(e, 200)}): the model directory needs tokenizer files") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -118,10 +138,12 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: Any = None, device: str = 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from reasonrl.console import error_line
+
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
     except Exception as e:  # noqa: BLE001
-        raise ReasonRLError(f"cannot load a causal LM from {path} ({type(e).__name__}: {str(e).splitlines()[0][:160]}): pass an HF model directory") from None
+        raise ReasonRLError(f"cannot load a causal LM from {path} ({error_line(e, 200)}): pass an HF model directory") from None
     return disable_dropout(model).to(device)
 
 

@@ -104,12 +104,13 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     phase("report")
     report = run_report(ReportConfig(runs=[str(out)], out=str(out / "report"), title="reasonrl main job", quiet=cfg.quiet), console)
     total = time.perf_counter() - t0
-    table = Table(title="main job: held-out accuracy, base vs trained (DAPO)")
-    table.add_column("policy")
-    for k in base["metrics"]:
-        table.add_column(k, justify="right")
-    for name, r in (("base SmolLM2-135M-Instruct" if cfg.model == "default" else f"base {cfg.model}", base), ("after DAPO", trained)):
-        table.add_row(name, *[f"{100 * v['value']:.1f}% [{100 * v['ci'][0]:.1f}, {100 * v['ci'][1]:.1f}]" for v in r["metrics"].values()])
+    # One row per metric, one column per policy: fits 80 columns (a log's width) for any metric set.
+    table = Table(title=f"main job: held-out accuracy ({base['problems']} problems × {base['n']} samples)", caption="value [95% bootstrap CI]")
+    table.add_column("metric")
+    for name in ("base SmolLM2-135M-Instruct" if cfg.model == "default" else f"base {Path(cfg.model).name}", f"after {tr.steps} DAPO steps"):
+        table.add_column(name, justify="right")
+    for k, v in base["metrics"].items():
+        table.add_row(k, *[f"{100 * m['value']:.1f}% [{100 * m['ci'][0]:.1f}, {100 * m['ci'][1]:.1f}]" for m in (v, trained["metrics"][k])])
     console.print(table)
     if aime is not None:
         v = next(iter(aime["metrics"].values()))
