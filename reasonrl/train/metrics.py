@@ -15,7 +15,7 @@ import torch
 
 from reasonrl.algos.metrics import explained_variance, mean_by_position
 from reasonrl.train.collector import Collected
-from reasonrl.train.learner import StepTensors
+from reasonrl.train.passes import StepTensors
 from reasonrl.train.ranks import Ranks
 
 
