@@ -230,16 +230,16 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     try:
         display.start()
         for step in range(start + 1, cfg.steps + 1):
-            m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                           on_short_batch=cfg.on_short_batch, perf=perf)
-            bad_steps = bad_steps + 1 if m.get("actor/bad_step") else 0
-            samples = m.pop("_samples", [])
+            res = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                             on_short_batch=cfg.on_short_batch, perf=perf)
+            m = res.metrics
+            bad_steps = bad_steps + 1 if res.bad_step else 0
             history.append(m)
             bar.advance()
             if rank == 0:
                 runlog.append(m)  # metrics.jsonl, then the trackers
-                if m.get("rollout/short_batch"):
-                    done = "update skipped" if m.get("actor/skipped_update") else "trained on them"
+                if res.short_batch:
+                    done = "update skipped" if res.skipped_update else "trained on them"
                     display.print(f"[yellow]step {step}: dynamic sampling kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
                                            f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
@@ -247,7 +247,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
                 if cfg.keep_rollouts:
                     from reasonrl.samples import write_rollouts
 
-                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", samples, step=step)
+                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", res.samples, step=step)
             if bad_steps >= cfg.max_bad_steps:
                 raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
             if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps) and not bad_steps:
