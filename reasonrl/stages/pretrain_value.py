@@ -44,7 +44,7 @@ class PretrainValueConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
     warmup_steps: int = opt(0, "Linear LR warm-up in steps, then constant.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
-    lam_actor: float = opt(0.95, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
+    lam_actor: float = opt(A.ALGOS["vcppo"].lam_actor, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
     eval_prompts: int = opt(8, "Held-out prompts for the before/after bias picture (from the validation split; without one, from the training rows, labelled in-sample).")
     overwrite: bool = opt(False, "Replace a finished output directory.")
 
