@@ -22,7 +22,8 @@ from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.perf import StepPerf
-from reasonrl.stages.options import BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, start_ranks
+from reasonrl.stages.options import (BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
+                                      training_rows)
 
 
 @dataclass
@@ -135,16 +136,13 @@ def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig,
 def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
-    from reasonrl.data import load_prepared
-    from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
     from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
     from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint, start_run
-    from reasonrl.train.collector import Collector, DataStream
-    from reasonrl.train.learner import Learner
+    from reasonrl.train.collector import DataStream
     from reasonrl.train.ranks import Ranks
     from reasonrl.train.metrics import flatten_metrics, log_line
     from reasonrl.train.step import train_step
@@ -153,9 +151,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     spec = cfg.algo_spec()
     out = Path(cfg.out)
     # Validate every input before anything is written.
-    rows = load_prepared(cfg.data, "train")
-    if not rows:
-        raise ReasonRLError(f"{cfg.data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
+    rows = training_rows(cfg.data)
     policy_dir = cfg.policy_dir()
     cdir: Path | None = None
     if spec.use_critic:
@@ -205,17 +201,12 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     if ckpt:
         engine.update_weights(policy_backend.full_state_dict())
-    sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
     scorer = RewardScorer()
     ranks = Ranks(rank, world)
-    collector = Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, sampling=sampling,
-                          max_prompt_len=cfg.max_prompt_len, overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample,
-                          max_rounds=cfg.max_gen_rounds, seed=cfg.seed, ranks=ranks)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    learner = Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref,
-                      sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
-                      max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
-                      ppo_epochs=cfg.ppo_epochs, dtype=dtype, seed=cfg.seed, ranks=ranks)
+    collector = make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, ranks=ranks,
+                               overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds)
+    learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, policy=policy, policy_backend=policy_backend,
+                           critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
     if rank == 0:
         write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
