@@ -211,11 +211,26 @@ def run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None, console
         if rewriter is None and cfg.rewriter:
             from reasonrl.data.rewriter import ModelRewriter
 
-            with ModelRewriter(cfg.rewriter, engine=cfg.rewriter_engine, seed=cfg.seed) as rw:
+            tok, engine = _rewriter_engine(cfg)
+            try:
+                rw = ModelRewriter(engine, tok, seed=cfg.seed)
                 report = _run_prepare(cfg, rewriter=rw)
                 report["rewriter_stats"] = rw.stats
                 return report
+            finally:
+                engine.close()
         return _run_prepare(cfg, rewriter=rewriter)
+
+
+def _rewriter_engine(cfg: PrepareConfig) -> tuple[Any, Any]:
+    """The --rewriter model's tokenizer and a generation engine on it (--rewriter-engine); the caller closes the engine."""
+    from reasonrl.engines.base import EngineOptions
+    from reasonrl.engines.registry import make_engine
+    from reasonrl.models.loading import load_tokenizer, resolve_model
+
+    md = resolve_model(cfg.rewriter)
+    tok = load_tokenizer(md)
+    return tok, make_engine(EngineOptions(engine=cfg.rewriter_engine), str(md), seed=cfg.seed, max_model_len=2048)
 
 
 def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dict[str, Any]:
