@@ -33,6 +33,8 @@ class ModelOpts(EngineOptions):
 
 @dataclass
 class DecodeOpts:
+    """How each response is decoded (the engine's ``SamplingParams`` are made from these)."""
+
     temperature: float = opt(1.0, "Sampling temperature (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling mass (1.0 = off).")
     top_k: int = opt(-1, "Top-k sampling (-1 = off).")
@@ -48,10 +50,12 @@ class DecodeOpts:
 
 
 @dataclass
-class SamplingOpts(DecodeOpts):
+class RolloutOpts(DecodeOpts):
+    """A rollout: G responses per prompt, each decoded as :class:`DecodeOpts` say."""
+
     group_size: int = opt(8, "Responses sampled per prompt (G).")
 
-    def _check_sampling(self) -> None:
+    def _check_rollout(self) -> None:
         self._check_decode()
         check(self.group_size >= 1, "group_size must be >= 1")
 
@@ -180,6 +184,6 @@ def make_learner(cfg: Any, *, spec: Any, tokenizer: Any, dtype: str, ranks: Any,
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref_model,
-                   sampling=Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id, max_len=cfg.max_response_len,
+                   sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k), pad_id=pad_id, max_len=cfg.max_response_len,
                    micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // ranks.world), ppo_epochs=ppo_epochs,
                    dtype=dtype, seed=cfg.seed, ranks=ranks)

@@ -27,12 +27,12 @@ import torch
 from reasonrl import algos as A
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.stages.options import (BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
+from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
                                       training_rows)
 
 
 @dataclass
-class PretrainValueConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
+class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/critic", "Output directory: critic/ (HF directory), metrics.jsonl, bias.json, manifest.json.")
     critic_init: str | None = opt(None, "Initialise the value model from this directory (e.g. a reward model); default: the policy's backbone.")
@@ -50,7 +50,7 @@ class PretrainValueConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
 
     def __post_init__(self) -> None:
         self._check_model()
-        self._check_sampling()
+        self._check_rollout()
         self._check_tracking()
         check(self.steps >= 0, "steps must be >= 0")
         check(self.temperature > 0, "temperature must be > 0: value pretraining samples the policy's responses (greedy would repeat one)")
@@ -88,7 +88,7 @@ def _all_groups(groups: list[Any], ranks: Any) -> list[Any]:
 
 
 def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
-    from reasonrl.train.metrics import position_metrics
+    from reasonrl.train.step_metrics import position_metrics
 
     learner.advantages(st, group_size=group_size)
     vl, _ = A.value_loss(st.values, st.values, st.returns, st.batch.valid)
@@ -112,7 +112,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
     from reasonrl.train.collector import DataStream
-    from reasonrl.train.metrics import flatten_metrics, position_metrics, rollout_metrics
+    from reasonrl.train.step_metrics import flatten_metrics, position_metrics, rollout_metrics
     from reasonrl.train.ranks import Ranks
 
     console = console or Console(stderr=True)

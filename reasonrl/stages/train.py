@@ -22,12 +22,12 @@ from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.perf import StepPerf
-from reasonrl.stages.options import (BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
+from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
                                       training_rows)
 
 
 @dataclass
-class TrainConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
+class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in the README).")
@@ -59,7 +59,7 @@ class TrainConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
 
     def __post_init__(self) -> None:
         self._check_model()
-        self._check_sampling()
+        self._check_rollout()
         self._check_tracking()
         check(self.algo in A.ALGOS, f"unknown --algo '{self.algo}': choose one of {', '.join(A.ALGOS)}")
         check(self.steps >= 1, "steps must be >= 1")
@@ -114,7 +114,7 @@ def critic_dir(path: str | Path) -> Path:
 def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, console: Any) -> list[dict[str, Any]]:
     """The rows whose chat prompt fits ``max_prompt_len`` tokens; the others are dropped and counted
     once, up front (a run where none fits is an error, not a run that trains on nothing)."""
-    from reasonrl.samples import prompt_text
+    from reasonrl.rollouts import prompt_text
 
     fit = [r for r in rows if len(tokenizer(prompt_text(r, tokenizer), add_special_tokens=False)["input_ids"]) <= max_prompt_len]
     if not fit:
@@ -144,7 +144,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint, start_run
     from reasonrl.train.collector import DataStream
     from reasonrl.train.ranks import Ranks
-    from reasonrl.train.metrics import flatten_metrics, log_line
+    from reasonrl.train.step_metrics import flatten_metrics, log_line
     from reasonrl.train.step import train_step
 
     console = console or Console(stderr=True)
@@ -236,7 +236,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     display.print(log_line(step, cfg.steps, m))
                 if cfg.keep_rollouts:
-                    from reasonrl.samples import write_rollouts
+                    from reasonrl.rollouts import write_rollouts
 
                     write_rollouts(out / "rollouts" / f"step_{step}.parquet", res.samples, step=step)
             if bad_steps >= cfg.max_bad_steps:

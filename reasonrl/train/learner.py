@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from reasonrl import algos as A
-from reasonrl.algos.metrics import add_clip_counts, clip_by_prob_bucket, clip_fractions_from_counts
+from reasonrl.algos.diagnostics import add_clip_counts, clip_by_prob_bucket, clip_fractions_from_counts
 from reasonrl.algos.objective import policy_objective
-from reasonrl.samples import Sample
+from reasonrl.rollouts import Sample
 from reasonrl.train.batch import Batch, response_logits, response_values
 from reasonrl.train.passes import StepTensors, no_grad_passes, off_policy, step_tensors
 from reasonrl.train.ranks import Ranks, mix

@@ -17,7 +17,7 @@ import torch
 
 from reasonrl import algos as A
 from reasonrl.devices import autocast_ctx
-from reasonrl.samples import Sample
+from reasonrl.rollouts import Sample
 from reasonrl.train.batch import Batch, build_batch, response_logits, response_values
 from reasonrl.train.ranks import Ranks
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from reasonrl.errors import ReasonRLError
-from reasonrl.samples import Sample
+from reasonrl.rollouts import Sample
 from reasonrl.train.collector import Collector
 from reasonrl.progress import status
 from reasonrl.train.learner import Learner
-from reasonrl.train.metrics import position_metrics, rollout_metrics
+from reasonrl.train.step_metrics import position_metrics, rollout_metrics
 
 
 @dataclass

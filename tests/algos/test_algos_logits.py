@@ -157,7 +157,7 @@ def test_sampling_distribution_matches_the_loop_reference(temperature, top_k, to
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 40, generator=g, dtype=torch.float64) * 2
     logits[0, :5] = logits[0, 0]  # ties at the top: top-k keeps every tied token
-    sp = Sampling(temperature, top_k, top_p)
+    sp = Sampling(temperature=temperature, top_p=top_p, top_k=top_k)
     got = torch.log_softmax(sampling_logits(logits, sp), -1)
     want = torch.tensor([ref.sampling_logprobs(r, temperature, top_k, top_p) for r in logits.tolist()], dtype=torch.float64)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
@@ -175,7 +175,7 @@ def test_sampling_logprob_and_entropy_gradients_match_autograd(temperature, top_
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 4, 30, generator=g, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 30, (3, 4), generator=g)
-    sp = Sampling(temperature, top_k, top_p)
+    sp = Sampling(temperature=temperature, top_p=top_p, top_k=top_k)
     w = torch.randn(3, 4, generator=g, dtype=torch.float64)
     lp = logprobs_from_logits(x, ids, chunk_size=5, sampling=sp)
     ent = entropy_from_logits(x, chunk_size=5, sampling=sp, token_ids=ids)

@@ -41,7 +41,7 @@ def _hf_logprobs(model, prompt: list[int], completion: list[int], *, temperature
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     if temperature > 0:
-        logits = sampling_logits(logits, Sampling(temperature, top_k, top_p))
+        logits = sampling_logits(logits, Sampling(temperature=temperature, top_p=top_p, top_k=top_k))
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 

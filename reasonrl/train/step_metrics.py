@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.algos.metrics import explained_variance, mean_by_position
+from reasonrl.algos.diagnostics import explained_variance, mean_by_position
 from reasonrl.train.collector import Collected
 from reasonrl.train.passes import StepTensors
 from reasonrl.train.ranks import Ranks

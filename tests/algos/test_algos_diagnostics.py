@@ -133,7 +133,7 @@ def test_masked_helpers() -> None:
 
 def test_clip_counts_of_parts_give_the_fractions_of_the_whole() -> None:
     """Micro-batches' clip counts, added up, give the clip fractions of their tokens together."""
-    from reasonrl.algos.metrics import add_clip_counts, clip_fractions_from_counts
+    from reasonrl.algos.diagnostics import add_clip_counts, clip_fractions_from_counts
 
     g = torch.Generator().manual_seed(2)
     B, T = 8, 30
