@@ -237,12 +237,57 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     """Run the stage; returns the report (also written to ``<out>/report.json``).
 
     ``rewriter(problem, rule, sentence) -> sentence`` may rephrase the sentence each rewritten
-    problem ends with (the integer answer never depends on it).
+    problem ends with (the integer answer never depends on it). The phases: the inputs, the eval
+    sets' index and the output checked; read + integerize; dedupe + decontaminate; the rules'
+    counts; the split; the report; only then the write.
     """
+    files = _input_files(cfg)
+    eval_index, eval_paths = _load_eval_index(cfg)
+    out_path = _checked_output(cfg, files)
+    read = _read_and_integerize(cfg, files, rewriter)
+    kept = _dedupe_and_decontaminate(read.kept, eval_index)
+    rules, samples = _rule_counts(kept.final, cfg.sample_per_rule)
+    if not kept.final:
+        raise ReasonRLError(_zero_kept_message(read.rows_read, read.dropped, kept.duplicates, kept.contaminated, len(read.bad), cfg.integerize))
+    split_rows = _split(kept.final, cfg)
+    report: dict[str, Any] = {
+        "stage": STAGE,
+        "inputs": [str(f) for _, f in files],
+        "rows_read": read.rows_read,
+        "bad_rows_skipped": len(read.bad),
+        "bad_rows": [b.as_dict() for b in read.bad[:MAX_BAD_ROWS_LISTED]],
+        "kept_unchanged": rules.get("integer", 0),
+        "transformed": {k: v for k, v in sorted(rules.items(), key=lambda kv: -kv[1]) if k != "integer"},
+        "dropped": dict(read.dropped.most_common()),
+        "duplicates": kept.duplicates,
+        "duplicates_with_other_answer": kept.conflicting,
+        "rows_per_problem": {str(k): v for k, v in sorted(kept.rows_per_problem.items())},
+        "max_rows_per_problem": max(kept.rows_per_problem, default=0),
+        "contaminated": {name: kept.contaminated.get(name, 0) for name in eval_paths},
+        "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: ", ".join(str(p) for p in v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
+        "integerize": cfg.integerize,
+        "template": cfg.template,
+        "rewriter": rewriter is not None,
+        "kept": len(kept.final),
+        "train": len(split_rows["train"]),
+        "validation": len(split_rows["validation"]),
+        "samples": samples,
+        "dropped_samples": read.dropped_samples,
+    }
+    _write(cfg, out_path, files, eval_paths, split_rows, report)
+    return report
+
+
+def _input_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
+    """(--input, file) for every file of every --input."""
     files: list[tuple[str, Path]] = []
     for inp in cfg.inputs:
         files.extend((inp, f) for f in input_files(inp))
-    eval_index, eval_paths = _load_eval_index(cfg)
+    return files
+
+
+def _checked_output(cfg: PrepareConfig, files: list[tuple[str, Path]]) -> Path:
+    """--out, checked: not a file, holding no input, and no finished artifact unless --overwrite."""
     out_path = Path(cfg.out)
     if out_path.exists() and not out_path.is_dir():
         raise ReasonRLError(f"output {out_path} is a file: choose a directory with --out")
@@ -251,23 +296,38 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         raise ReasonRLError(f"--out {out_path} holds the input {inside[0]}: writing there could overwrite it; choose another --out")
     if (out_path / MANIFEST).exists() and not cfg.overwrite:
         raise ReasonRLError(f"{out_path} already holds a finished artifact: pass --overwrite or choose another --out")
+    return out_path
 
-    bad: list[BadRow] = []
-    n_read = 0
-    rules: Counter = Counter()
-    dropped: Counter = Counter()
-    samples: dict[str, list[dict[str, Any]]] = {}
-    dropped_samples: dict[str, list[str]] = {}
-    kept: list[_Row] = []
-    # rows_read counts every row met: readable records (n_read) and unreadable lines (in `bad`).
+
+@dataclass
+class _Read:
+    """What reading and integerizing gave: the rows kept, the bad rows, the drop counts and samples."""
+
+    kept: list[_Row]
+    bad: list[BadRow]
+    n_read: int  # readable records (the unreadable lines are in ``bad``)
+    dropped: Counter
+    dropped_samples: dict[str, list[str]]
+
+    @property
+    def rows_read(self) -> int:
+        """Every row met: readable records and unreadable lines."""
+        return self.n_read + len(self.bad)
+
+
+def _read_and_integerize(cfg: PrepareConfig, files: list[tuple[str, Path]], rewriter: Rewriter | None) -> _Read:
+    """Read every record (up to --max-rows), take its problem and answer, and keep it when its answer
+    is (or, with --integerize, becomes) an integer; the others are counted by reason. No readable
+    row at all is an error."""
+    r = _Read(kept=[], bad=[], n_read=0, dropped=Counter(), dropped_samples={})
     bar = open_bar("prepare-data: read + integerize", unit="rows")
     for _inp, f in files:
-        if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
+        if cfg.max_rows is not None and r.n_read + len(r.bad) >= cfg.max_rows:
             break
-        for rec in read_records(f, skip_bad_rows=cfg.skip_bad_rows, bad=bad):
-            if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
+        for rec in read_records(f, skip_bad_rows=cfg.skip_bad_rows, bad=r.bad):
+            if cfg.max_rows is not None and r.n_read + len(r.bad) >= cfg.max_rows:
                 break
-            n_read += 1
+            r.n_read += 1
             if bar is not None:
                 bar.advance()
             try:
@@ -275,12 +335,12 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
             except BadRow as e:
                 if not cfg.skip_bad_rows:
                     raise ReasonRLError(f"{e}, or pass --skip-bad-rows to skip bad rows") from None
-                bad.append(e)
-                n_read -= 1  # counted in `bad`
+                r.bad.append(e)
+                r.n_read -= 1  # counted in `bad`
                 continue
             except NoAnswer as e:
-                dropped["no_answer"] += 1
-                _sample(dropped_samples, "no_answer", f"{rec.source} {rec.where}: {e}", cfg.sample_per_rule)
+                r.dropped["no_answer"] += 1
+                _sample(r.dropped_samples, "no_answer", f"{rec.source} {rec.where}: {e}", cfg.sample_per_rule)
                 continue
             answer_text = _answer_text(fields.answer)
             result = integerize(fields.problem, fields.answer, rewriter=rewriter if cfg.integerize else None)
@@ -291,30 +351,40 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
             else:
                 reason = result.reason if cfg.integerize else "not_integer"
             if reason:
-                dropped[reason] += 1
-                _sample(dropped_samples, reason, answer_text, cfg.sample_per_rule)
+                r.dropped[reason] += 1
+                _sample(r.dropped_samples, reason, answer_text, cfg.sample_per_rule)
                 continue
             assert isinstance(result, IntegerProblem)
             data_source = cfg.data_source or fields.data_source or Path(rec.source).stem
-            kept.append(_Row(rec.source, rec.where, data_source, fields.problem, answer_text, result))
-
+            r.kept.append(_Row(rec.source, rec.where, data_source, fields.problem, answer_text, result))
     if bar is not None:
         bar.close()
-    rows_read = n_read + len(bad)
-    if n_read == 0:
+    if r.n_read == 0:
         where = ", ".join(str(f) for _, f in files)
-        if bad:
-            raise ReasonRLError(f"0 readable rows in {where}: all {len(bad)} rows are bad (first: {bad[0]}); fix the input")
+        if r.bad:
+            raise ReasonRLError(f"0 readable rows in {where}: all {len(r.bad)} rows are bad (first: {r.bad[0]}); fix the input")
         raise ReasonRLError(f"0 rows read from {where}: the inputs are empty; pass files that hold data")
+    return r
 
-    # Duplicates (normalised problem text; the first occurrence is kept) and contamination.
+
+@dataclass
+class _Deduped:
+    """The rows left after dedupe and decontamination, and what was removed."""
+
+    final: list[_Row]
+    duplicates: int
+    conflicting: int  # duplicates whose answer differs from the kept row's
+    contaminated: Counter  # eval set → rows matching one of its problems
+    rows_per_problem: Counter  # rows per kept problem → problems
+
+
+def _dedupe_and_decontaminate(kept: list[_Row], eval_index: EvalIndex) -> _Deduped:
+    """Duplicates (normalised problem text; the first occurrence is kept) and contamination (a
+    match in an eval set's index) removed."""
     seen: dict[str, int] = {}
     copies: Counter = Counter()  # normalised problem → rows that held it
     final_keys: list[str] = []
-    duplicates = 0
-    conflicting = 0
-    contaminated: Counter = Counter()
-    final: list[_Row] = []
+    d = _Deduped(final=[], duplicates=0, conflicting=0, contaminated=Counter(), rows_per_problem=Counter())
     bar = open_bar("prepare-data: dedupe + decontaminate", len(kept), unit="rows")
     for row in kept:
         if bar is not None:
@@ -322,21 +392,27 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         key = normalise_text(row.original_problem)
         copies[key] += 1
         if key in seen:
-            duplicates += 1
+            d.duplicates += 1
             if seen[key] != row.item.answer:
-                conflicting += 1
+                d.conflicting += 1
             continue
         seen[key] = row.item.answer
         hit = eval_index.match(row.original_problem)
         if hit is not None:
-            contaminated[hit] += 1
+            d.contaminated[hit] += 1
             continue
-        final.append(row)
+        d.final.append(row)
         final_keys.append(key)
-    rows_per_problem = Counter(copies[key] for key in final_keys)  # rows per kept problem → problems
+    d.rows_per_problem = Counter(copies[key] for key in final_keys)
     if bar is not None:
         bar.close()
+    return d
 
+
+def _rule_counts(final: list[_Row], sample_per_rule: int) -> tuple[Counter, dict[str, list[dict[str, Any]]]]:
+    """How many kept rows each rule made, and up to ``sample_per_rule`` examples of each rewrite."""
+    rules: Counter = Counter()
+    samples: dict[str, list[dict[str, Any]]] = {}
     for row in final:
         rules[row.item.rule] += 1
         if row.item.rule != "integer":
@@ -350,12 +426,14 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
                     "sentence": row.item.sentence,
                     "source": f"{row.source} {row.where}",
                 },
-                cfg.sample_per_rule,
+                sample_per_rule,
             )
+    return rules, samples
 
-    if not final:
-        raise ReasonRLError(_zero_kept_message(rows_read, dropped, duplicates, contaminated, len(bad), cfg.integerize))
 
+def _split(final: list[_Row], cfg: PrepareConfig) -> dict[str, list[dict[str, Any]]]:
+    """The verl rows of the train and validation splits (--val-size, or --val-fraction with at
+    least one row; a seeded draw; at least one training row)."""
     n = len(final)
     if cfg.val_size is not None:
         n_val = cfg.val_size
@@ -371,34 +449,13 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     for i, row in enumerate(final):
         split = "validation" if i in val_ids else "train"
         split_rows[split].append(_verl_row(row, split, len(split_rows[split]), cfg.template))
+    return split_rows
 
-    report: dict[str, Any] = {
-        "stage": STAGE,
-        "inputs": [str(f) for _, f in files],
-        "rows_read": rows_read,
-        "bad_rows_skipped": len(bad),
-        "bad_rows": [b.as_dict() for b in bad[:MAX_BAD_ROWS_LISTED]],
-        "kept_unchanged": rules.get("integer", 0),
-        "transformed": {k: v for k, v in sorted(rules.items(), key=lambda kv: -kv[1]) if k != "integer"},
-        "dropped": dict(dropped.most_common()),
-        "duplicates": duplicates,
-        "duplicates_with_other_answer": conflicting,
-        "rows_per_problem": {str(k): v for k, v in sorted(rows_per_problem.items())},
-        "max_rows_per_problem": max(rows_per_problem, default=0),
-        "contaminated": {name: contaminated.get(name, 0) for name in eval_paths},
-        "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: ", ".join(str(p) for p in v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
-        "integerize": cfg.integerize,
-        "template": cfg.template,
-        "rewriter": rewriter is not None,
-        "kept": n,
-        "train": len(split_rows["train"]),
-        "validation": len(split_rows["validation"]),
-        "samples": samples,
-        "dropped_samples": dropped_samples,
-    }
 
-    # Everything is validated: now write. The old manifest goes first, so a crash while writing
-    # never leaves a manifest next to half-written files.
+def _write(cfg: PrepareConfig, out_path: Path, files: list[tuple[str, Path]], eval_paths: dict[str, list[Path]],
+           split_rows: dict[str, list[dict[str, Any]]], report: dict[str, Any]) -> None:
+    """Everything is validated: now write. The old manifest goes first, so a crash while writing
+    never leaves a manifest next to half-written files."""
     out = prepare_out_dir(out_path, overwrite=cfg.overwrite)
     for split in SPLITS:
         _write_parquet(out / f"{split}.parquet", split_rows[split])
@@ -406,7 +463,6 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     inputs: dict[str, str | Path | None] = {f"input{i}": f for i, (_, f) in enumerate(files)}
     inputs.update({f"decontaminate:{k}:{p.name}": p for k, v in eval_paths.items() for p in v})
     write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
-    return report
 
 
 def _sample(store: dict[str, list[Any]], key: str, value: Any, limit: int) -> None:
