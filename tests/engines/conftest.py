@@ -1,4 +1,4 @@
-"""Fixtures for the engine tests: the tiny model (built once per session) and HF helpers."""
+"""Fixtures for the engine tests: the tokenizer of the session's tiny model (``tiny_model``, tests/conftest.py), prompts and HF helpers."""
 
 from __future__ import annotations
 
@@ -13,17 +13,10 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from reasonrl.models import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="session")
-def tiny_tok(tiny_dir: Path):
+def tiny_tok(tiny_model: Path):
     from reasonrl.models import load_tokenizer
 
-    return load_tokenizer(tiny_dir)
+    return load_tokenizer(tiny_model)
 
 
 @pytest.fixture(scope="session")

@@ -19,17 +19,17 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_dir):
+def engine(tiny_model):
     from reasonrl.engines.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512)
+    eng = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
-def hf(tiny_dir) -> HFEngine:
-    return HFEngine(str(tiny_dir), dtype="fp32")
+def hf(tiny_model) -> HFEngine:
+    return HFEngine(str(tiny_model), dtype="fp32")
 
 
 def _check(out, prompts, n: int, max_tokens: int, eos_ids) -> None:
@@ -154,7 +154,7 @@ def test_auto_dtype_follows_the_hardware() -> None:
     assert vllm_dtype("auto") == want
 
 
-def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_dir, prompts, engine) -> None:
+def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_model, prompts, engine) -> None:
     """A second engine in the same process after the first closes; max_model_len is capped to the
     model's 1024 positions; an option another engine reads (gen_batch_size: hf) is an error, not
     ignored; building the engine leaves torch's RNG state and torch.set_num_threads as they were."""
@@ -163,8 +163,8 @@ def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_dir, 
     torch.manual_seed(123)
     rng = torch.get_rng_state()
     with pytest.raises(ReasonRLError, match="--gen-batch-size does not apply to the vllm engine"):
-        make_engine(EngineOptions(engine="vllm", dtype="fp32", gen_batch_size=8), str(tiny_dir), seed=0)
-    eng = make_engine(EngineOptions(engine="vllm", dtype="fp32"), str(tiny_dir), seed=0, max_model_len=4096)
+        make_engine(EngineOptions(engine="vllm", dtype="fp32", gen_batch_size=8), str(tiny_model), seed=0)
+    eng = make_engine(EngineOptions(engine="vllm", dtype="fp32"), str(tiny_model), seed=0, max_model_len=4096)
     try:
         # vLLM's in-process side effects are undone: the trainer's RNG state and set_num_threads
         assert torch.equal(torch.get_rng_state(), rng)
@@ -177,23 +177,23 @@ def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_dir, 
     eng.close()
 
 
-def test_engine_sleep_needs_gpus_and_scale_options_are_vllm_only(tiny_dir) -> None:
+def test_engine_sleep_needs_gpus_and_scale_options_are_vllm_only(tiny_model) -> None:
     """--engine-sleep on CPU: a one-line error saying why (vLLM has sleep mode on CUDA/ROCm/XPU only),
     before any engine is built; --engine-tp / --engine-sleep are the vllm engine's options."""
     if torch.cuda.is_available():
         pytest.skip("sleep mode runs on GPUs (bench/gpu_check.sh)")
     with pytest.raises(ReasonRLError) as e:
-        make_engine(EngineOptions(engine="vllm", dtype="fp32", engine_sleep=True), str(tiny_dir), seed=0)
+        make_engine(EngineOptions(engine="vllm", dtype="fp32", engine_sleep=True), str(tiny_model), seed=0)
     assert "--engine-sleep needs GPUs" in str(e.value) and "\n" not in str(e.value)
     for opt in ({"engine_tp": 2}, {"engine_sleep": True}):
         flag = "--" + next(iter(opt)).replace("_", "-")
         with pytest.raises(ReasonRLError, match=f"{flag} does not apply to the hf engine"):
-            make_engine(EngineOptions(engine="hf", **opt), str(tiny_dir), seed=0)
+            make_engine(EngineOptions(engine="hf", **opt), str(tiny_model), seed=0)
     with pytest.raises(ReasonRLError, match="engine_tp must be >= 1"):
         EngineOptions(engine_tp=0)._check_engine()
 
 
-def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_dir) -> None:
+def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_model) -> None:
     """On CPU the engine uses 32-token KV blocks (vLLM's CPU default, 128, caches nothing of a prompt
     shorter than 128 tokens, so every sample of a group prefilled it again). The blocks are a cache
     layout: the same seeded requests give the same tokens and log-probs with vLLM's default."""
@@ -205,7 +205,7 @@ def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_dir) -> 
     p = SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=11)
     out = {}
     for block in (None, 128):
-        eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512, block_size=block)
+        eng = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512, block_size=block)
         try:
             assert eng.llm.llm_engine.vllm_config.cache_config.block_size == (block or CPU_BLOCK_SIZE)
             out[block] = eng.generate(prompts, p)
