@@ -31,6 +31,7 @@ from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
 from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
 from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.errors import ReasonRLError
+from reasonrl.evaluation.sets import EVAL_SETS
 from reasonrl.progress import Display, open_bar
 from reasonrl.stages.options import ProgressOpts
 
@@ -48,7 +49,7 @@ class PrepareConfig(ProgressOpts):
     val_fraction: float = opt(0.05, help="Fraction of the kept rows held out for validation (at least 1 row when > 0 and 2+ rows are kept); ignored when val_size is set.")
     val_size: int | None = opt(None, help="Exact number of validation rows (overrides val_fraction).")
     seed: int = opt(0, help="Seed of the deterministic train/validation split.")
-    decontaminate: list[str] = opt(["aime24", "aime25", "math500"], help="Evaluation sets whose problems are removed from the data: names from the eval-set registry (aime, aime24, aime25, gsm8k, math500) or .jsonl/.json/.parquet paths; [] to skip.")
+    decontaminate: list[str] = opt(["aime24", "aime25", "math500"], help=f"Evaluation sets whose problems are removed from the data: names from the eval-set registry ({', '.join(EVAL_SETS)}) or .jsonl/.json/.parquet paths; [] to skip.")
     ngram: int = opt(13, help="Word n-gram size for decontamination over normalised text (problems shorter than n words are compared whole).")
     min_overlap: float = opt(0.3, help="A problem is contaminated when the n-grams it shares with one evaluation problem cover this fraction of the shorter one's n-grams (a copy shares all; stock phrases like 'where m and n are relatively prime positive integers' share under 10%).")
     max_rows: int | None = opt(None, help="Read at most this many rows from the inputs (all when unset).")
@@ -84,8 +85,6 @@ class _Row:
 
 
 def _resolve_eval(name: str) -> tuple[str, list[Path]]:
-    from reasonrl.evaluation.sets import EVAL_SETS
-
     if name in EVAL_SETS:
         return name, EVAL_SETS[name].paths()
     if not name.strip():
