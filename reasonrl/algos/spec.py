@@ -50,8 +50,9 @@ def _loss(name: str, help: str) -> Any:
 
 
 def _adv(name: str, help: str) -> Any:
-    """An advantage knob: its default is declared once, in ``AdvantageInputs`` (its field ``name``)."""
-    return _f(_default(AdvantageInputs, name), help)
+    """An advantage knob: its default is declared once, in ``AdvantageInputs`` (its field ``name``,
+    which ``advantage_knobs`` passes it to)."""
+    return field(default=_default(AdvantageInputs, name), metadata={"help": help, "advantage_input": name})
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ class AlgoSpec:
         """The policy loss's knobs from this row; ``generator`` feeds the covariance losses' random draws."""
         names = [f.name for f in dataclasses.fields(LossParams) if f.name != "generator"]
         return LossParams(**{k: getattr(self, k) for k in names}, generator=generator)
+
+    def advantage_knobs(self) -> dict[str, Any]:
+        """The advantage estimator's knobs from this row, by ``AdvantageInputs`` field name."""
+        return {f.metadata["advantage_input"]: getattr(self, f.name) for f in dataclasses.fields(self) if "advantage_input" in f.metadata}
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (for logging / run metadata)."""

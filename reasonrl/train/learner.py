@@ -135,12 +135,11 @@ class Learner:
         token_rewards = None
         if s.kl_in_reward and s.kl_coef > 0 and st.ref_logp is not None:
             token_rewards = -s.kl_coef * A.kl_penalty(st.old_logp, st.ref_logp, s.kl_kind) * valid
-        lam_actor: float | torch.Tensor = s.lam_actor
+        knobs = s.advantage_knobs()  # gamma, lam_actor, lam_critic, scale_by_std
         if s.adaptive_lambda:
-            lam_actor = A.adaptive_lambda(valid.sum(1).clamp(min=1), alpha=s.adaptive_lambda_alpha)
+            knobs["lam_actor"] = A.adaptive_lambda(valid.sum(1).clamp(min=1), alpha=s.adaptive_lambda_alpha)
         adv, ret = A.compute_advantages(s.advantage, rewards=st.rewards, mask=valid, group_size=group_size, values=st.values,
-                                        token_rewards=token_rewards, gamma=s.gamma, lam_actor=lam_actor, lam_critic=s.lam_critic,
-                                        scale_by_std=s.grpo_scale_by_std)
+                                        token_rewards=token_rewards, **knobs)
         if s.whiten_advantages:
             adv = A.masked_whiten(adv, st.batch.mask) * valid
         st.advantages, st.returns = adv, ret

@@ -140,3 +140,5 @@ def test_loss_and_advantage_knobs_take_their_defaults_from_one_place() -> None:
     adv = {f.name: f.default for f in dataclasses.fields(AdvantageInputs)}
     assert (spec["gamma"], spec["lam_actor"], spec["lam_critic"], spec["grpo_scale_by_std"]) == (
         adv["gamma"], adv["lam_actor"], adv["lam_critic"], adv["scale_by_std"])
+    knobs = AlgoSpec(grpo_scale_by_std=False, gamma=0.9).advantage_knobs()  # what the learner passes to the estimator
+    assert knobs == {"gamma": 0.9, "lam_actor": adv["lam_actor"], "lam_critic": adv["lam_critic"], "scale_by_std": False}
