@@ -39,7 +39,7 @@ import harness as H
 
 def batch_groups(a: argparse.Namespace, tok: Any) -> list[list[Any]]:
     from reasonrl.data import load_prepared
-    from reasonrl.samples import Sample, prompt_text
+    from reasonrl.rollouts import Sample, prompt_text
     from reasonrl.train.collector import DataStream
 
     if a.rollouts:

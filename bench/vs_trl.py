@@ -48,7 +48,7 @@ def trl_worker(spec_path: str) -> None:
     from reasonrl.data import load_prepared
     from reasonrl.models import load_tokenizer
     from reasonrl.rewards import math_reward
-    from reasonrl.samples import ground_truth
+    from reasonrl.data.prepared import ground_truth
     from reasonrl.train.collector import DataStream
 
     P, G, m = spec["prompts"], spec["group_size"], spec["micro_batch_size"]

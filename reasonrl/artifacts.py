@@ -72,6 +72,12 @@ def write_json(path: str | Path, obj: Any) -> None:
     os.replace(tmp, p)
 
 
+def append_jsonl(path: str | Path, rec: dict[str, Any]) -> None:
+    """Append one JSON line (``metrics.jsonl``: a step's record; non-JSON numbers as floats)."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec, default=float) + "\n")
+
+
 def write_manifest(out_dir: str | Path, stage: str, config: dict[str, Any], inputs: dict[str, str | Path | None], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``out_dir/manifest.json`` (call it last, after every output is on disk)."""
     manifest = {

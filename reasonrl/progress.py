@@ -2,7 +2,7 @@
 
 A stage opens one :class:`Display` around its work (``with Display(console, quiet=cfg.quiet)``).
 The display draws rich bars on that console and is the *current* display while open, so code far
-below (``reasonrl.samples.generate_rollouts``, the training step) reports to it through the
+below (``reasonrl.rollouts.generate_rollouts``, the training step) reports to it through the
 module functions :func:`current`, :func:`status` and :func:`phase`, which do nothing when no
 display is open. A display is off (draws nothing and is never current) with ``quiet`` or when the
 console is not a terminal, so CI logs and pipes keep only the stage's summary lines, and code

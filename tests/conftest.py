@@ -90,8 +90,8 @@ def toy_data_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def toy_prepared(tmp_path_factory, toy_data_file) -> Path:
-    """The toy data through `reasonrl prepare-data` (template none, 4 held out)."""
+def prepared(tmp_path_factory, toy_data_file) -> Path:
+    """The toy data through `reasonrl prepare-data` (template none, 4 held out); read only (copy it to change it)."""
     from clihelp import run_cli
 
     out = tmp_path_factory.mktemp("toyprep") / "data"

@@ -32,10 +32,10 @@ def run(*args: str, env: dict[str, str] | None = None, code: str | None = None) 
                           env={**base, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
-def test_a_stage_in_a_log_prints_only_its_own_lines_and_verbose_brings_the_libraries_back(tiny_model, toy_prepared, tmp_path):
+def test_a_stage_in_a_log_prints_only_its_own_lines_and_verbose_brings_the_libraries_back(tiny_model, prepared, tmp_path):
     """pretrain-value builds a critic from a causal LM (transformers' load report), saves it (which
     imports DeepSpeed: its accelerator warning) and starts a vLLM engine (Triton, NUMA, weight bar)."""
-    args = ["pretrain-value", "--model", str(tiny_model), "--data", str(toy_prepared), "--steps", "1", "--prompts-per-step", "2",
+    args = ["pretrain-value", "--model", str(tiny_model), "--data", str(prepared), "--steps", "1", "--prompts-per-step", "2",
             "--group-size", "2", "--max-response-len", "8", "--engine", "vllm" if HAS_VLLM else "hf", "--dtype", "fp32", "--report-to", "none"]
     quiet = run(*args, "--out", str(tmp_path / "quiet"))
     assert quiet.returncode == 0, quiet.stdout[-3000:]
@@ -78,12 +78,12 @@ warnings.warn("OURS-WARN")
         assert hidden not in p.stdout, (hidden, p.stdout)
 
 
-def test_a_bad_model_dir_keeps_the_librarys_message(tiny_model, toy_prepared, tmp_path):
+def test_a_bad_model_dir_keeps_the_librarys_message(tiny_model, prepared, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     for f in tiny_model.iterdir():
         (bad / f.name).write_bytes(f.read_bytes()[:100] if f.suffix == ".safetensors" else f.read_bytes())
-    r = run_cli("rollout", "--model", bad, "--data", toy_prepared, "--out", tmp_path / "ro", "--engine", "hf", "--dtype", "fp32",
+    r = run_cli("rollout", "--model", bad, "--data", prepared, "--out", tmp_path / "ro", "--engine", "hf", "--dtype", "fp32",
                 "--num-prompts", "1", "--group-size", "1", "--max-response-len", "2")
     assert_user_error(r, "cannot load a causal LM", "SafetensorError", "header")
 

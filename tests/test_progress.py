@@ -54,7 +54,7 @@ def test_generate_rollouts_shows_the_generation_bar_and_changes_nothing(tiny_mod
     from reasonrl.models.loading import load_tokenizer
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
-    from reasonrl.samples import generate_rollouts
+    from reasonrl.rollouts import generate_rollouts
 
     tok = load_tokenizer(tiny_model)
     eng = HFEngine(str(tiny_model), dtype="fp32", batch_size=4)

@@ -34,9 +34,9 @@ from reasonrl.algos.losses import (
     value_loss,
 )
 from reasonrl.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from reasonrl.algos.metrics import clip_by_prob_bucket, explained_variance, mean_by_position
+from reasonrl.algos.diagnostics import clip_by_prob_bucket, explained_variance, mean_by_position
 from reasonrl.algos.mismatch import TIS_LEVELS, mismatch_metrics, truncated_is_weights
-from reasonrl.algos.rewards import informative_groups, overlong_penalty
+from reasonrl.algos.shaping import informative_groups, soft_overlong_punishment
 from reasonrl.algos.spec import ALGOS, AlgoSpec, get_algo
 
 __all__ = [
@@ -71,7 +71,7 @@ __all__ = [
     "Sampling",
     "sampling_logits",
     # rewards / sampling
-    "overlong_penalty",
+    "soft_overlong_punishment",
     "informative_groups",
     # rollout/trainer mismatch
     "mismatch_metrics",

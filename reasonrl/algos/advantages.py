@@ -11,12 +11,18 @@ without gradient (they are targets, never differentiated through).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from reasonrl.algos.masked import as_bool_mask, pick
+
+GROUP_STD_EPS = 1e-6
+"""GRPO's epsilon added to the group std (A = (R - mean) / (std + eps))."""
+
+VAPO_ALPHA = 0.05
+"""VAPO's alpha of the length-adaptive lambda (``adaptive_lambda``): lam = 0.95 at 400 tokens, 0.99 at 2000."""
 
 
 def _float_dtype(*xs: Tensor) -> torch.dtype:
@@ -49,7 +55,7 @@ def _per_row(
 
 
 @torch.no_grad()
-def grpo_advantages(rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+def grpo_advantages(rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = GROUP_STD_EPS) -> Tensor:
     """Group-relative advantages (GRPO; DAPO eq. 9 for the A_hat term).
 
         A_i = (R_i - mean(R_group)) / (std(R_group) + eps)        scale_by_std=True  (GRPO, DAPO)
@@ -189,7 +195,7 @@ def decoupled_gae(
     return adv2[:B], ret2[B:]
 
 
-def adaptive_lambda(lengths: Tensor | Sequence[int], alpha: float = 0.05) -> Tensor:
+def adaptive_lambda(lengths: Tensor | Sequence[int], alpha: float = VAPO_ALPHA) -> Tensor:
     """Length-adaptive GAE lambda (VAPO, arXiv 2504.05118): lam = 1 - 1 / (alpha * |o|).
 
     Args:
@@ -245,8 +251,24 @@ def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class AdvantageInputs:
-    """What every entry of ``ADVANTAGE_ESTIMATORS`` receives (each reads the fields it needs; see
-    :func:`compute_advantages` for their meaning)."""
+    """What every entry of ``ADVANTAGE_ESTIMATORS`` receives (each reads the fields it needs): the
+    one declaration of the estimators' knobs and their defaults (``AlgoSpec`` takes its defaults
+    from here).
+
+    Fields:
+        rewards: Tensor[B], one scalar reward per response (outcome + overlong penalty); for
+            "grpo" laid out group after group.
+        mask: (B, T) response mask (after overlong filtering, if used).
+        group_size: G (required by "grpo").
+        values: (B, T) critic values (required by "gae").
+        token_rewards: optional (B, T) per-token rewards added to the outcome reward, e.g. a
+            KL penalty ``-kl_coef * kl_penalty(...)`` ("gae" only).
+        gamma: discount ("gae").
+        lam_actor: lambda for the advantages, float or Tensor[B] (e.g. adaptive_lambda) ("gae").
+        lam_critic: lambda for the returns ("gae").
+        scale_by_std: divide by the group std ("grpo"; False = Dr. GRPO).
+        eps: std epsilon ("grpo").
+    """
 
     rewards: Tensor
     mask: Tensor
@@ -257,7 +279,7 @@ class AdvantageInputs:
     lam_actor: float | Tensor = 1.0
     lam_critic: float | Tensor = 1.0
     scale_by_std: bool = True
-    eps: float = 1e-6
+    eps: float = GROUP_STD_EPS
 
 
 @torch.no_grad()
@@ -296,36 +318,13 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageInputs], tuple[Tensor, Tensor
 """name -> estimator, each ``fn(AdvantageInputs) -> (advantages, returns or None)``."""
 
 
-def compute_advantages(
-    estimator: str,
-    *,
-    rewards: Tensor,
-    mask: Tensor,
-    group_size: int | None = None,
-    values: Tensor | None = None,
-    token_rewards: Tensor | None = None,
-    gamma: float = 1.0,
-    lam_actor: float | Tensor = 1.0,
-    lam_critic: float | Tensor = 1.0,
-    scale_by_std: bool = True,
-    eps: float = 1e-6,
-) -> tuple[Tensor, Tensor | None]:
+def compute_advantages(estimator: str, **inputs: Any) -> tuple[Tensor, Tensor | None]:
     """Advantages (and critic targets) for a batch of responses, by estimator name.
 
     Args:
         estimator: a key of ``ADVANTAGE_ESTIMATORS`` ("grpo" or "gae"; ``AlgoSpec.advantage``).
-        rewards: Tensor[B], one scalar reward per response (outcome + overlong penalty); for
-            "grpo" laid out group after group.
-        mask: (B, T) response mask (after overlong filtering, if used).
-        group_size: G (required by "grpo").
-        values: (B, T) critic values (required by "gae").
-        token_rewards: optional (B, T) per-token rewards added to the outcome reward, e.g. a
-            KL penalty ``-kl_coef * kl_penalty(...)`` ("gae" only).
-        gamma: discount ("gae").
-        lam_actor: lambda for the advantages, float or Tensor[B] (e.g. adaptive_lambda) ("gae").
-        lam_critic: lambda for the returns ("gae").
-        scale_by_std: divide by the group std ("grpo"; False = Dr. GRPO).
-        eps: std epsilon ("grpo").
+        inputs: the fields of :class:`AdvantageInputs` by keyword (``rewards`` and ``mask``
+            always; the rest as the estimator needs).
 
     Returns:
         (advantages (B, T), returns (B, T) or None). "grpo" broadcasts each response's advantage
@@ -337,4 +336,4 @@ def compute_advantages(
         ValueError: unknown estimator (the message names the valid ones), or a missing input.
     """
     fn = pick(ADVANTAGE_ESTIMATORS, estimator, "advantage estimator")
-    return fn(AdvantageInputs(rewards, mask, group_size, values, token_rewards, gamma, lam_actor, lam_critic, scale_by_std, eps))
+    return fn(AdvantageInputs(**inputs))

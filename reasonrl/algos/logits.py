@@ -45,13 +45,14 @@ bf16 logits took 1.86 s in chunks of 1024 rows, 0.50 s of 64, 0.38 s of 16 on th
 2-core machine (bench/README.md)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sampling:
-    """A sampling distribution: temperature T > 0, top-k (<= 0: off) and top-p (1.0: off)."""
+    """A sampling distribution: temperature T > 0, top-p (1.0: off) and top-k (<= 0: off), by
+    keyword (the fields in the engine's ``SamplingParams`` order)."""
 
     temperature: float = 1.0
-    top_k: int = -1
     top_p: float = 1.0
+    top_k: int = -1
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from reasonrl.algos.aggregation import aggregate
 from reasonrl.algos.masked import LOG_RATIO_CLAMP, as_bool_mask, masked_mean, masked_sum, pick
-from reasonrl.algos.metrics import explained_variance
+from reasonrl.algos.diagnostics import explained_variance
 
 __all__ = ["LossParams", "PolicyLossOutput", "PolicyLoss", "POLICY_LOSSES", "ppo_clip_loss", "gspo_loss", "cispo_loss", "clip_cov_loss",
            "kl_cov_loss", "token_covariance", "positive_example_nll", "policy_loss", "value_loss"]
@@ -492,7 +492,7 @@ def value_loss(
         (loss, metrics) with ``vf_loss``; ``vf_clipfrac`` share of counted tokens where the clipped
         term is the larger one (0.0 with clip=None); ``value_mean`` and ``returns_mean`` (masked
         token means); ``explained_variance`` of the returns by the values
-        (:func:`reasonrl.algos.metrics.explained_variance`).
+        (:func:`reasonrl.algos.diagnostics.explained_variance`).
     """
     if values.dim() != 2 or values_old.shape != values.shape or returns.shape != values.shape:
         raise ValueError(

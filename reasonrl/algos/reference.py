@@ -206,7 +206,7 @@ def value_loss_token(v: float, v_old: float, g: float, clip: float | None) -> fl
     return 0.5 * max((v - g) ** 2, (vc - g) ** 2)
 
 
-def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
+def soft_overlong_punishment(length: int, max_len: int, cache_len: int) -> float:
     if length <= max_len - cache_len:
         return 0.0
     if length <= max_len:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from reasonrl.algos.advantages import ADVANTAGE_ESTIMATORS
+from reasonrl.algos.advantages import ADVANTAGE_ESTIMATORS, VAPO_ALPHA, AdvantageInputs
 from reasonrl.algos.aggregation import AGG_MODES
 from reasonrl.algos.kl import KL_ESTIMATORS
 from reasonrl.algos.losses import POLICY_LOSSES, LossParams
@@ -43,6 +43,21 @@ def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+def _default(cls: type, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _loss(name: str, help: str) -> Any:
+    """A policy-loss knob: its default is declared once, in ``LossParams`` (``loss_params`` passes it on)."""
+    return _f(_default(LossParams, name), help)
+
+
+def _adv(name: str, help: str) -> Any:
+    """An advantage knob: its default is declared once, in ``AdvantageInputs`` (its field ``name``,
+    which ``advantage_knobs`` passes it to)."""
+    return field(default=_default(AdvantageInputs, name), metadata={"help": help, "advantage_input": name})
+
+
 @dataclass(frozen=True)
 class AlgoSpec:
     """One RL algorithm as data: which advantage estimator, losses and sampling rules to use."""
@@ -52,30 +67,28 @@ class AlgoSpec:
         "grpo", "Advantage estimator, a key of ADVANTAGE_ESTIMATORS: 'gae' (PPO, needs a critic) or 'grpo' (group-relative)."
     )
     use_critic: bool = _f(False, "Train a value model (required by, and only used with, advantage='gae').")
-    gamma: float = _f(1.0, "Discount of GAE (1.0 for outcome-reward reasoning tasks).")
-    lam_actor: float = _f(1.0, "GAE lambda for the policy's advantages (VC-PPO: 0.95; best range [0.95, 1.0)).")
-    lam_critic: float = _f(1.0, "GAE lambda for the critic's targets (VC-PPO: 1.0 = Monte-Carlo return with gamma=1).")
+    gamma: float = _adv("gamma", "Discount of GAE (1.0 for outcome-reward reasoning tasks).")
+    lam_actor: float = _adv("lam_actor", "GAE lambda for the policy's advantages (VC-PPO: 0.95; best range [0.95, 1.0)).")
+    lam_critic: float = _adv("lam_critic", "GAE lambda for the critic's targets (VC-PPO: 1.0 = Monte-Carlo return with gamma=1).")
     adaptive_lambda: bool = _f(
         False, "Replace lam_actor per response by VAPO's 1 - 1/(adaptive_lambda_alpha * length) (gae only)."
     )
-    adaptive_lambda_alpha: float = _f(0.05, "VAPO's alpha for adaptive_lambda.")
+    adaptive_lambda_alpha: float = _f(VAPO_ALPHA, "VAPO's alpha for adaptive_lambda.")
     policy_loss: str = _f(
         "ppo-clip",
         "Policy loss, a key of POLICY_LOSSES: 'ppo-clip' (PPO / GRPO / DAPO clipped surrogate), 'gspo' (sequence-level ratio), "
         "'cispo' (clipped, detached IS weight), 'clip-cov' / 'kl-cov' (covariance-based token selection, arXiv 2505.22617).",
     )
-    eps_low: float = _f(0.2, "Lower clip: the ratio is clipped at 1 - eps_low (A < 0); in [0, 1], 1: no lower clip.")
-    eps_high: float = _f(0.2, "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28).")
-    dual_clip: float | None = _f(None, "Dual-clip constant c > 1: per-token loss capped at c*|A| when A < 0 (None: off; usual 3).")
-    cispo_weight_min: float = _f(0.0, "CISPO: floor of the detached IS weight, an absolute value: w = clamp(r, min, max) (MiniMax-M1: none, 0).")
-    cispo_weight_max: float = _f(
-        5.0, "CISPO: cap of the detached IS weight, an absolute value, not 1 + eps (ScaleRL: 5; verl's clip_ratio_high 0.2 means 1.2)."
-    )
-    cov_clip_ratio: float = _f(2e-4, "Clip-Cov: fraction r of counted tokens whose gradient is cut, drawn at random among the candidates (paper: 2e-4).")
-    cov_clip_low: float = _f(1.0, "Clip-Cov: candidates have cov_clip_low < Cov(logp, A) < cov_clip_high, strict (paper: omega = (1, 5)).")
-    cov_clip_high: float = _f(5.0, "Clip-Cov: upper covariance bound of the candidates (paper: 5).")
-    kl_cov_ratio: float = _f(2e-3, "KL-Cov: fraction k of counted tokens, those of largest Cov(logp, A), that get the KL penalty (paper: 2e-3 for 7B, 2e-4 for 32B).")
-    kl_cov_coef: float = _f(1.0, "KL-Cov: beta, weight of |logp - logp_old| on the selected tokens (paper: 1).")
+    eps_low: float = _loss("eps_low", "Lower clip: the ratio is clipped at 1 - eps_low (A < 0); in [0, 1], 1: no lower clip.")
+    eps_high: float = _loss("eps_high", "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28).")
+    dual_clip: float | None = _loss("dual_clip", "Dual-clip constant c > 1: per-token loss capped at c*|A| when A < 0 (None: off; usual 3).")
+    cispo_weight_min: float = _loss("cispo_weight_min", "CISPO: floor of the detached IS weight, an absolute value: w = clamp(r, min, max) (MiniMax-M1: none, 0).")
+    cispo_weight_max: float = _loss("cispo_weight_max", "CISPO: cap of the detached IS weight, an absolute value, not 1 + eps (ScaleRL: 5; verl's clip_ratio_high 0.2 means 1.2).")
+    cov_clip_ratio: float = _loss("cov_clip_ratio", "Clip-Cov: fraction r of counted tokens whose gradient is cut, drawn at random among the candidates (paper: 2e-4).")
+    cov_clip_low: float = _loss("cov_clip_low", "Clip-Cov: candidates have cov_clip_low < Cov(logp, A) < cov_clip_high, strict (paper: omega = (1, 5)).")
+    cov_clip_high: float = _loss("cov_clip_high", "Clip-Cov: upper covariance bound of the candidates (paper: 5).")
+    kl_cov_ratio: float = _loss("kl_cov_ratio", "KL-Cov: fraction k of counted tokens, those of largest Cov(logp, A), that get the KL penalty (paper: 2e-3 for 7B, 2e-4 for 32B).")
+    kl_cov_coef: float = _loss("kl_cov_coef", "KL-Cov: beta, weight of |logp - logp_old| on the selected tokens (paper: 1).")
     pos_lm_coef: float = _f(
         0.0, "Weight mu of the positive-example LM loss: NLL of the correct responses' tokens, token-mean over them, added to the policy loss (VAPO: 0.1; 0: off)."
     )
@@ -92,7 +105,7 @@ class AlgoSpec:
     kl_in_reward: bool = _f(
         False, "Put the KL penalty into the per-token rewards (gae only) instead of adding it to the loss."
     )
-    grpo_scale_by_std: bool = _f(True, "GRPO: divide by the group std (False: Dr. GRPO, mean-centring only).")
+    grpo_scale_by_std: bool = _adv("scale_by_std", "GRPO: divide by the group std (False: Dr. GRPO, mean-centring only).")
     pretrained_critic_required: bool = _f(
         False, "The critic must be value-pretrained (Monte-Carlo targets, fixed policy) before RL starts (VC-PPO)."
     )
@@ -169,6 +182,10 @@ class AlgoSpec:
         names = [f.name for f in dataclasses.fields(LossParams) if f.name != "generator"]
         return LossParams(**{k: getattr(self, k) for k in names}, generator=generator)
 
+    def advantage_knobs(self) -> dict[str, Any]:
+        """The advantage estimator's knobs from this row, by ``AdvantageInputs`` field name."""
+        return {f.metadata["advantage_input"]: getattr(self, f.name) for f in dataclasses.fields(self) if "advantage_input" in f.metadata}
+
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (for logging / run metadata)."""
         return dataclasses.asdict(self)
@@ -193,7 +210,7 @@ _GRPO = AlgoSpec(name="grpo", advantage="grpo", loss_agg="seq-mean-token-mean")
 ALGOS: dict[str, AlgoSpec] = {
     "ppo": _PPO,
     # VC-PPO (arXiv 2503.01491): decoupled GAE (lam_critic = 1.0) + value pretraining.
-    "vcppo": _PPO.replace(name="vcppo", lam_actor=0.95, lam_critic=1.0, pretrained_critic_required=True),
+    "vcppo": _PPO.replace(name="vcppo", lam_critic=1.0, pretrained_critic_required=True),  # lam_actor 0.95: ppo's
     # GRPO as published (sequence-mean loss); reasonrl turns its KL off by default (GRPO-zero).
     "grpo": _GRPO,
     # DAPO (arXiv 2503.14476): Clip-Higher, token-level loss, dynamic sampling, overlong
@@ -214,7 +231,7 @@ ALGOS: dict[str, AlgoSpec] = {
     # lam_actor = 1 - 1/(0.05 l), token-level loss, clip-higher, positive-example NLL (mu = 0.1).
     # Group sampling (the paper: 512 prompts x 16 samples) is --prompts-per-step x --group-size.
     # Value clip 0.2 and advantage whitening as ppo (the paper fixes neither; NeMo-RL whitens too).
-    "vapo": _PPO.replace(name="vapo", lam_critic=1.0, adaptive_lambda=True, adaptive_lambda_alpha=0.05, eps_high=0.28,
+    "vapo": _PPO.replace(name="vapo", lam_critic=1.0, adaptive_lambda=True, eps_high=0.28,  # alpha 0.05: the field default
                          pretrained_critic_required=True, pos_lm_coef=0.1),
 }
 """The --algo table: name -> AlgoSpec."""

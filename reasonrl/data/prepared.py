@@ -13,6 +13,12 @@ STAGE = "prepare-data"
 SPLITS = ("train", "validation")
 
 
+def ground_truth(row: dict[str, Any]) -> str:
+    """A verl-format row's answer (``reward_model.ground_truth``; a plain row's ``answer``)."""
+    rm = row.get("reward_model") or {}
+    return str(rm.get("ground_truth", row.get("answer", "")))
+
+
 def load_prepared(path: str | Path, split: str = "train") -> list[dict[str, Any]]:
     """The rows of a prepare-data output (``split`` is "train" or "validation"), verl-format dicts.
 

@@ -33,27 +33,12 @@ def keeps_meaning(original: str, candidate: str) -> bool:
 
 
 class ModelRewriter:
-    """Callable ``(problem, rule, sentence) -> sentence`` backed by a generation engine (greedy)."""
+    """Callable ``(problem, rule, sentence) -> sentence`` backed by a generation engine (greedy
+    decoding of ``tokenizer``'s chat prompt); the caller opens the engine and closes it."""
 
-    def __init__(self, model: str, *, engine: str = "hf", seed: int = 0, max_tokens: int = 128) -> None:
-        self.model, self.engine_kind, self.seed, self.max_tokens = model, engine, seed, max_tokens
+    def __init__(self, engine: Any, tokenizer: Any, *, seed: int = 0, max_tokens: int = 128) -> None:
+        self._engine, self._tok, self.seed, self.max_tokens = engine, tokenizer, seed, max_tokens
         self.stats = {"asked": 0, "accepted": 0, "rejected": 0}
-        self._engine: Any = None
-        self._tok: Any = None
-
-    def __enter__(self) -> "ModelRewriter":
-        from reasonrl.engines.base import EngineOptions
-        from reasonrl.engines.registry import make_engine
-        from reasonrl.models.loading import load_tokenizer, resolve_model
-
-        md = resolve_model(self.model)
-        self._tok = load_tokenizer(md)
-        self._engine = make_engine(EngineOptions(engine=self.engine_kind), str(md), seed=self.seed, max_model_len=2048)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._engine is not None:
-            self._engine.close()
 
     def __call__(self, problem: str, rule: str, sentence: str) -> str:
         from reasonrl.engines.base import SamplingParams

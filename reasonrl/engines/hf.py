@@ -109,7 +109,7 @@ class HFEngine:
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cur_pos = pos[:, -1:]
         cur_ids = ids[expand, -1:]  # each step's input (set from the sampled token; step 0 uses logits0)
-        sampling = Sampling(p.temperature, p.top_k, p.top_p) if p.temperature > 0 else None
+        sampling = Sampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k) if p.temperature > 0 else None
         gens = [torch.Generator(device=dev).manual_seed(int(s) % 2**63) for s in seeds] if sampling is not None else []
         for t in range(p.max_tokens):
             if t == 0:

@@ -72,6 +72,7 @@ import re
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
+from reasonrl.console import error_line, library_bars
 from reasonrl.engines.base import Completion, ProgressFn, SamplingParams, eos_token_ids, model_config, prompt_seeds
 from reasonrl.errors import ReasonRLError
 
@@ -109,7 +110,6 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         block_size: int | None = None,
     ) -> None:
-        from reasonrl.console import error_line, library_bars
         from reasonrl.devices import vllm_dtype
 
         # Must be set before vLLM reads its environment (first LLM construction in this process).
@@ -125,15 +125,7 @@ class VLLMEngine:
             raise ReasonRLError(f"{e} (vLLM engine)") from None
         self.seed = seed
         self.last_update_seconds = 0.0
-        cfg = model_config(self.model_dir)
-        self.tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
-        self.eos_ids = eos_token_ids(self.model_dir, cfg)
-        limit = cfg.get("max_position_embeddings")
-        if isinstance(limit, int) and 0 < limit < max_model_len:
-            log.info("vLLM engine: max_model_len %d capped to the model's max_position_embeddings %d", max_model_len, limit)
-            max_model_len = limit
-        self.max_model_len = max_model_len
-
+        self.max_model_len = self._read_model_config(max_model_len)
         on_gpu = torch.cuda.is_available()
         if enable_sleep_mode and not on_gpu:
             raise ReasonRLError("--engine-sleep needs GPUs: vLLM's sleep mode frees the engine's GPU memory and exists only on CUDA/ROCm/XPU "
@@ -143,11 +135,37 @@ class VLLMEngine:
         self._asleep: set[str] = set()  # what sleeps now: "weights", "kv_cache"
         self._group: Any = None  # the gloo group of this rank's engine (tensor parallel inside a torchrun job)
         self._calls = 0
+        kw = self._llm_options(on_gpu=on_gpu, enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
+                               kv_cache_gib=kv_cache_gib, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                               enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=enable_chunked_prefill,
+                               enable_sleep_mode=enable_sleep_mode, block_size=block_size)
+        self._join_launcher(kw, on_gpu=on_gpu)
+        self._llm_kwargs = kw
+        t0 = time.perf_counter()
+        self.llm = self._construct(kw, on_gpu=on_gpu)
+        self.construct_seconds = time.perf_counter() - t0
+        self.prefix_caching = enable_prefix_caching
+
+    def _read_model_config(self, max_model_len: int) -> int:
+        """The model's tied embeddings and EOS ids; ``max_model_len`` capped to its position embeddings."""
+        cfg = model_config(self.model_dir)
+        self.tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        self.eos_ids = eos_token_ids(self.model_dir, cfg)
+        limit = cfg.get("max_position_embeddings")
+        if isinstance(limit, int) and 0 < limit < max_model_len:
+            log.info("vLLM engine: max_model_len %d capped to the model's max_position_embeddings %d", max_model_len, limit)
+            max_model_len = limit
+        return max_model_len
+
+    def _llm_options(self, *, on_gpu: bool, enforce_eager: bool | None, gpu_memory_utilization: float | None, kv_cache_gib: float | None,
+                     max_num_seqs: int | None, max_num_batched_tokens: int | None, enable_prefix_caching: bool,
+                     enable_chunked_prefill: bool | None, enable_sleep_mode: bool, block_size: int | None) -> dict[str, Any]:
+        """reasonrl's engine options as ``vllm.LLM``'s keyword arguments, with this project's CPU and GPU defaults."""
         kw: dict[str, Any] = dict(
             model=self.model_dir,
             dtype=self.dtype,
-            seed=seed,
-            max_model_len=max_model_len,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
             enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
@@ -171,7 +189,7 @@ class VLLMEngine:
         if enable_chunked_prefill is not None:
             kw["enable_chunked_prefill"] = enable_chunked_prefill
             if not enable_chunked_prefill:
-                kw["max_num_batched_tokens"] = max(max_model_len, 4096 if max_num_batched_tokens is None else max_num_batched_tokens)
+                kw["max_num_batched_tokens"] = max(self.max_model_len, 4096 if max_num_batched_tokens is None else max_num_batched_tokens)
         elif max_num_batched_tokens is not None:
             kw["max_num_batched_tokens"] = max_num_batched_tokens
         if on_gpu:
@@ -184,13 +202,19 @@ class VLLMEngine:
             # (vLLM's CPU platform applies VLLM_CPU_KVCACHE_SPACE itself when the user set it.)
             gib = kv_cache_gib if kv_cache_gib is not None else DEFAULT_KV_CACHE_GIB
             kw["kv_cache_memory_bytes"] = int(gib * 2**30)
+        return kw
+
+    def _join_launcher(self, kw: dict[str, Any], *, on_gpu: bool) -> None:
+        """Inside a multi-process trainer (DeepSpeed/torchrun): one engine per rank (or per group of
+        tp ranks), on the ranks' existing process group (vLLM's "external launcher" mode, as TRL
+        colocates); ``kw`` gets the launcher and, with tensor parallelism, the group's shared seed."""
+        import torch
+
         dist = torch.distributed
         self._owns_dist = not (dist.is_available() and dist.is_initialized())
         # Workers in this process (weights can go by reference), unless vLLM starts its own (TP in one process).
         self._workers_in_process = self.tp == 1
         if not self._owns_dist and dist.get_world_size() > 1:
-            # Inside a multi-process trainer (DeepSpeed/torchrun): one engine per rank (or per group of
-            # tp ranks), on the ranks' existing process group (vLLM's "external launcher" mode, as TRL colocates).
             kw["distributed_executor_backend"] = "external_launcher"
             self._workers_in_process = True
             # vLLM reads these (torchrun / the DeepSpeed launcher set them; mp.spawn does not).
@@ -198,18 +222,19 @@ class VLLMEngine:
             os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
             os.environ.setdefault("LOCAL_RANK", str(dist.get_rank() % max(1, torch.cuda.device_count()) if on_gpu else dist.get_rank()))
             if self.tp > 1:
-                self.seed = seed = self._join_engine_group(dist)
-                kw["seed"] = seed
-        self._llm_kwargs = kw
-        t0 = time.perf_counter()
-        # vLLM in-process re-seeds torch's global generator and (CPU worker) replaces
-        # torch.set_num_threads by a no-op; neither should leak into the trainer (a resumed run
-        # restores its RNG state before building the engine).
+                self.seed = kw["seed"] = self._join_engine_group(dist)
+
+    def _construct(self, kw: dict[str, Any], *, on_gpu: bool) -> Any:
+        """``vllm.LLM(**kw)``, its failure one line naming the fix. vLLM in-process re-seeds torch's
+        global generator and (CPU worker) replaces torch.set_num_threads by a no-op; neither leaks
+        into the trainer (a resumed run restores its RNG state before building the engine)."""
+        import torch
+
         set_num_threads = torch.set_num_threads
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if on_gpu else None
         try:
-            self.llm = vllm.LLM(**kw)
+            return self._vllm.LLM(**kw)
         except Exception as e:  # noqa: BLE001 - any construction failure is reported with the fix
             raise ReasonRLError(f"vLLM could not load {self.model_dir} ({error_line(e)}): use --engine hf, or fix the vLLM setup") from e
         finally:
@@ -217,8 +242,6 @@ class VLLMEngine:
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
-        self.construct_seconds = time.perf_counter() - t0
-        self.prefix_caching = enable_prefix_caching
 
     def _join_engine_group(self, dist: Any) -> int:
         """Make one gloo group per engine (runs of ``tp`` consecutive ranks, as vLLM groups them; every

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from reasonrl.answers import parse_integer
 from reasonrl.errors import ReasonRLError
-from reasonrl.samples import ground_truth
+from reasonrl.data.prepared import ground_truth
 
 __all__ = ["Problems", "merge_replicas"]
 

@@ -155,11 +155,11 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     from reasonrl.artifacts import hash_path, hash_weights, versions
     from reasonrl.devices import resolve_dtype
     from reasonrl.engines.base import SamplingParams
-    from reasonrl.evaluation.metrics import per_problem_values, with_cis
+    from reasonrl.evaluation.scores import per_problem_values, with_cis
     from reasonrl.evaluation.problems import merge_replicas
     from reasonrl.rewards import ScoreStats
     from reasonrl.progress import Display
-    from reasonrl.samples import generate_rollouts
+    from reasonrl.rollouts import generate_rollouts
     from reasonrl.stages.options import open_generation
     from reasonrl.tracking import RunLog
 

@@ -33,6 +33,8 @@ class ModelOpts(EngineOptions):
 
 @dataclass
 class DecodeOpts:
+    """How each response is decoded (the engine's ``SamplingParams`` are made from these)."""
+
     temperature: float = opt(1.0, "Sampling temperature (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling mass (1.0 = off).")
     top_k: int = opt(-1, "Top-k sampling (-1 = off).")
@@ -48,10 +50,12 @@ class DecodeOpts:
 
 
 @dataclass
-class SamplingOpts(DecodeOpts):
+class RolloutOpts(DecodeOpts):
+    """A rollout: G responses per prompt, each decoded as :class:`DecodeOpts` say."""
+
     group_size: int = opt(8, "Responses sampled per prompt (G).")
 
-    def _check_sampling(self) -> None:
+    def _check_rollout(self) -> None:
         self._check_decode()
         check(self.group_size >= 1, "group_size must be >= 1")
 
@@ -142,3 +146,44 @@ def make_backend(cfg: Any, model: Any, lr: float, dtype: str) -> Any:
     from reasonrl.train.backend import TorchBackend
 
     return TorchBackend(model, **common)
+
+
+# ---------------------------------------------------------------- what the training stages set up alike
+
+
+def training_rows(data: str) -> list[dict[str, Any]]:
+    """The prepared data's training rows (``--data``); none is an error naming the fix."""
+    from reasonrl.data import load_prepared
+    from reasonrl.errors import ReasonRLError
+
+    rows = load_prepared(data, "train")
+    if not rows:
+        raise ReasonRLError(f"{data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
+    return rows
+
+
+def make_collector(cfg: Any, *, spec: Any, engine: Any, tokenizer: Any, scorer: Any, stream: Any, ranks: Any, **dynamic: Any) -> Any:
+    """The collector of a training stage: G responses per prompt of ``cfg``'s sampling options (up
+    to ``max_response_len`` tokens), seeded by ``cfg.seed``; ``dynamic``: the reward shaping and
+    dynamic sampling's options (``overlong_cache_len``, ``oversample``, ``max_rounds``)."""
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.train.collector import Collector
+
+    sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
+    return Collector(spec=spec, engine=engine, tokenizer=tokenizer, scorer=scorer, stream=stream, sampling=sampling,
+                     max_prompt_len=cfg.max_prompt_len, seed=cfg.seed, ranks=ranks, **dynamic)
+
+
+def make_learner(cfg: Any, *, spec: Any, tokenizer: Any, dtype: str, ranks: Any, policy: Any = None, policy_backend: Any = None,
+                 critic_backend: Any = None, ref_model: Any = None, ppo_epochs: int = 1) -> Any:
+    """The learner of a training stage: its log-probabilities of the distribution the engine
+    samples (``cfg``'s temperature, top-k, top-p), L_max = ``max_response_len``, the micro-batch
+    size per process and the mini-batch size over all processes (``mini_batch_size`` / world)."""
+    from reasonrl.algos import Sampling
+    from reasonrl.train.learner import Learner
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref_model,
+                   sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k), pad_id=pad_id, max_len=cfg.max_response_len,
+                   micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // ranks.world), ppo_epochs=ppo_epochs,
+                   dtype=dtype, seed=cfg.seed, ranks=ranks)

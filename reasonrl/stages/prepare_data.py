@@ -31,6 +31,7 @@ from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
 from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
 from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.errors import ReasonRLError
+from reasonrl.evaluation.sets import EVAL_SETS
 from reasonrl.progress import Display, open_bar
 from reasonrl.stages.options import ProgressOpts
 
@@ -48,7 +49,7 @@ class PrepareConfig(ProgressOpts):
     val_fraction: float = opt(0.05, help="Fraction of the kept rows held out for validation (at least 1 row when > 0 and 2+ rows are kept); ignored when val_size is set.")
     val_size: int | None = opt(None, help="Exact number of validation rows (overrides val_fraction).")
     seed: int = opt(0, help="Seed of the deterministic train/validation split.")
-    decontaminate: list[str] = opt(["aime24", "aime25", "math500"], help="Evaluation sets whose problems are removed from the data: names from the eval-set registry (aime, aime24, aime25, gsm8k, math500) or .jsonl/.json/.parquet paths; [] to skip.")
+    decontaminate: list[str] = opt(["aime24", "aime25", "math500"], help=f"Evaluation sets whose problems are removed from the data: names from the eval-set registry ({', '.join(EVAL_SETS)}) or .jsonl/.json/.parquet paths; [] to skip.")
     ngram: int = opt(13, help="Word n-gram size for decontamination over normalised text (problems shorter than n words are compared whole).")
     min_overlap: float = opt(0.3, help="A problem is contaminated when the n-grams it shares with one evaluation problem cover this fraction of the shorter one's n-grams (a copy shares all; stock phrases like 'where m and n are relatively prime positive integers' share under 10%).")
     max_rows: int | None = opt(None, help="Read at most this many rows from the inputs (all when unset).")
@@ -84,8 +85,6 @@ class _Row:
 
 
 def _resolve_eval(name: str) -> tuple[str, list[Path]]:
-    from reasonrl.evaluation.sets import EVAL_SETS
-
     if name in EVAL_SETS:
         return name, EVAL_SETS[name].paths()
     if not name.strip():
@@ -211,23 +210,83 @@ def run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None, console
         if rewriter is None and cfg.rewriter:
             from reasonrl.data.rewriter import ModelRewriter
 
-            with ModelRewriter(cfg.rewriter, engine=cfg.rewriter_engine, seed=cfg.seed) as rw:
+            tok, engine = _rewriter_engine(cfg)
+            try:
+                rw = ModelRewriter(engine, tok, seed=cfg.seed)
                 report = _run_prepare(cfg, rewriter=rw)
                 report["rewriter_stats"] = rw.stats
                 return report
+            finally:
+                engine.close()
         return _run_prepare(cfg, rewriter=rewriter)
+
+
+def _rewriter_engine(cfg: PrepareConfig) -> tuple[Any, Any]:
+    """The --rewriter model's tokenizer and a generation engine on it (--rewriter-engine); the caller closes the engine."""
+    from reasonrl.engines.base import EngineOptions
+    from reasonrl.engines.registry import make_engine
+    from reasonrl.models.loading import load_tokenizer, resolve_model
+
+    md = resolve_model(cfg.rewriter)
+    tok = load_tokenizer(md)
+    return tok, make_engine(EngineOptions(engine=cfg.rewriter_engine), str(md), seed=cfg.seed, max_model_len=2048)
 
 
 def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dict[str, Any]:
     """Run the stage; returns the report (also written to ``<out>/report.json``).
 
     ``rewriter(problem, rule, sentence) -> sentence`` may rephrase the sentence each rewritten
-    problem ends with (the integer answer never depends on it).
+    problem ends with (the integer answer never depends on it). The phases: the inputs, the eval
+    sets' index and the output checked; read + integerize; dedupe + decontaminate; the rules'
+    counts; the split; the report; only then the write.
     """
+    files = _input_files(cfg)
+    eval_index, eval_paths = _load_eval_index(cfg)
+    out_path = _checked_output(cfg, files)
+    read = _read_and_integerize(cfg, files, rewriter)
+    kept = _dedupe_and_decontaminate(read.kept, eval_index)
+    rules, samples = _rule_counts(kept.final, cfg.sample_per_rule)
+    if not kept.final:
+        raise ReasonRLError(_zero_kept_message(read.rows_read, read.dropped, kept.duplicates, kept.contaminated, len(read.bad), cfg.integerize))
+    split_rows = _split(kept.final, cfg)
+    report: dict[str, Any] = {
+        "stage": STAGE,
+        "inputs": [str(f) for _, f in files],
+        "rows_read": read.rows_read,
+        "bad_rows_skipped": len(read.bad),
+        "bad_rows": [b.as_dict() for b in read.bad[:MAX_BAD_ROWS_LISTED]],
+        "kept_unchanged": rules.get("integer", 0),
+        "transformed": {k: v for k, v in sorted(rules.items(), key=lambda kv: -kv[1]) if k != "integer"},
+        "dropped": dict(read.dropped.most_common()),
+        "duplicates": kept.duplicates,
+        "duplicates_with_other_answer": kept.conflicting,
+        "rows_per_problem": {str(k): v for k, v in sorted(kept.rows_per_problem.items())},
+        "max_rows_per_problem": max(kept.rows_per_problem, default=0),
+        "contaminated": {name: kept.contaminated.get(name, 0) for name in eval_paths},
+        "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: ", ".join(str(p) for p in v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
+        "integerize": cfg.integerize,
+        "template": cfg.template,
+        "rewriter": rewriter is not None,
+        "kept": len(kept.final),
+        "train": len(split_rows["train"]),
+        "validation": len(split_rows["validation"]),
+        "samples": samples,
+        "dropped_samples": read.dropped_samples,
+    }
+    _write(cfg, out_path, files, eval_paths, split_rows, report)
+    return report
+
+
+def _input_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
+    """(--input, file) for every file of every --input."""
     files: list[tuple[str, Path]] = []
     for inp in cfg.inputs:
         files.extend((inp, f) for f in input_files(inp))
-    eval_index, eval_paths = _load_eval_index(cfg)
+    return files
+
+
+def _checked_output(cfg: PrepareConfig, files: list[tuple[str, Path]]) -> Path:
+    """--out, checked: not a file, holding no input, and no finished artifact unless --overwrite."""
     out_path = Path(cfg.out)
     if out_path.exists() and not out_path.is_dir():
         raise ReasonRLError(f"output {out_path} is a file: choose a directory with --out")
@@ -236,23 +295,38 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         raise ReasonRLError(f"--out {out_path} holds the input {inside[0]}: writing there could overwrite it; choose another --out")
     if (out_path / MANIFEST).exists() and not cfg.overwrite:
         raise ReasonRLError(f"{out_path} already holds a finished artifact: pass --overwrite or choose another --out")
+    return out_path
 
-    bad: list[BadRow] = []
-    n_read = 0
-    rules: Counter = Counter()
-    dropped: Counter = Counter()
-    samples: dict[str, list[dict[str, Any]]] = {}
-    dropped_samples: dict[str, list[str]] = {}
-    kept: list[_Row] = []
-    # rows_read counts every row met: readable records (n_read) and unreadable lines (in `bad`).
+
+@dataclass
+class _Read:
+    """What reading and integerizing gave: the rows kept, the bad rows, the drop counts and samples."""
+
+    kept: list[_Row]
+    bad: list[BadRow]
+    n_read: int  # readable records (the unreadable lines are in ``bad``)
+    dropped: Counter
+    dropped_samples: dict[str, list[str]]
+
+    @property
+    def rows_read(self) -> int:
+        """Every row met: readable records and unreadable lines."""
+        return self.n_read + len(self.bad)
+
+
+def _read_and_integerize(cfg: PrepareConfig, files: list[tuple[str, Path]], rewriter: Rewriter | None) -> _Read:
+    """Read every record (up to --max-rows), take its problem and answer, and keep it when its answer
+    is (or, with --integerize, becomes) an integer; the others are counted by reason. No readable
+    row at all is an error."""
+    r = _Read(kept=[], bad=[], n_read=0, dropped=Counter(), dropped_samples={})
     bar = open_bar("prepare-data: read + integerize", unit="rows")
     for _inp, f in files:
-        if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
+        if cfg.max_rows is not None and r.n_read + len(r.bad) >= cfg.max_rows:
             break
-        for rec in read_records(f, skip_bad_rows=cfg.skip_bad_rows, bad=bad):
-            if cfg.max_rows is not None and n_read + len(bad) >= cfg.max_rows:
+        for rec in read_records(f, skip_bad_rows=cfg.skip_bad_rows, bad=r.bad):
+            if cfg.max_rows is not None and r.n_read + len(r.bad) >= cfg.max_rows:
                 break
-            n_read += 1
+            r.n_read += 1
             if bar is not None:
                 bar.advance()
             try:
@@ -260,12 +334,12 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
             except BadRow as e:
                 if not cfg.skip_bad_rows:
                     raise ReasonRLError(f"{e}, or pass --skip-bad-rows to skip bad rows") from None
-                bad.append(e)
-                n_read -= 1  # counted in `bad`
+                r.bad.append(e)
+                r.n_read -= 1  # counted in `bad`
                 continue
             except NoAnswer as e:
-                dropped["no_answer"] += 1
-                _sample(dropped_samples, "no_answer", f"{rec.source} {rec.where}: {e}", cfg.sample_per_rule)
+                r.dropped["no_answer"] += 1
+                _sample(r.dropped_samples, "no_answer", f"{rec.source} {rec.where}: {e}", cfg.sample_per_rule)
                 continue
             answer_text = _answer_text(fields.answer)
             result = integerize(fields.problem, fields.answer, rewriter=rewriter if cfg.integerize else None)
@@ -276,30 +350,40 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
             else:
                 reason = result.reason if cfg.integerize else "not_integer"
             if reason:
-                dropped[reason] += 1
-                _sample(dropped_samples, reason, answer_text, cfg.sample_per_rule)
+                r.dropped[reason] += 1
+                _sample(r.dropped_samples, reason, answer_text, cfg.sample_per_rule)
                 continue
             assert isinstance(result, IntegerProblem)
             data_source = cfg.data_source or fields.data_source or Path(rec.source).stem
-            kept.append(_Row(rec.source, rec.where, data_source, fields.problem, answer_text, result))
-
+            r.kept.append(_Row(rec.source, rec.where, data_source, fields.problem, answer_text, result))
     if bar is not None:
         bar.close()
-    rows_read = n_read + len(bad)
-    if n_read == 0:
+    if r.n_read == 0:
         where = ", ".join(str(f) for _, f in files)
-        if bad:
-            raise ReasonRLError(f"0 readable rows in {where}: all {len(bad)} rows are bad (first: {bad[0]}); fix the input")
+        if r.bad:
+            raise ReasonRLError(f"0 readable rows in {where}: all {len(r.bad)} rows are bad (first: {r.bad[0]}); fix the input")
         raise ReasonRLError(f"0 rows read from {where}: the inputs are empty; pass files that hold data")
+    return r
 
-    # Duplicates (normalised problem text; the first occurrence is kept) and contamination.
+
+@dataclass
+class _Deduped:
+    """The rows left after dedupe and decontamination, and what was removed."""
+
+    final: list[_Row]
+    duplicates: int
+    conflicting: int  # duplicates whose answer differs from the kept row's
+    contaminated: Counter  # eval set → rows matching one of its problems
+    rows_per_problem: Counter  # rows per kept problem → problems
+
+
+def _dedupe_and_decontaminate(kept: list[_Row], eval_index: EvalIndex) -> _Deduped:
+    """Duplicates (normalised problem text; the first occurrence is kept) and contamination (a
+    match in an eval set's index) removed."""
     seen: dict[str, int] = {}
     copies: Counter = Counter()  # normalised problem → rows that held it
     final_keys: list[str] = []
-    duplicates = 0
-    conflicting = 0
-    contaminated: Counter = Counter()
-    final: list[_Row] = []
+    d = _Deduped(final=[], duplicates=0, conflicting=0, contaminated=Counter(), rows_per_problem=Counter())
     bar = open_bar("prepare-data: dedupe + decontaminate", len(kept), unit="rows")
     for row in kept:
         if bar is not None:
@@ -307,21 +391,27 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         key = normalise_text(row.original_problem)
         copies[key] += 1
         if key in seen:
-            duplicates += 1
+            d.duplicates += 1
             if seen[key] != row.item.answer:
-                conflicting += 1
+                d.conflicting += 1
             continue
         seen[key] = row.item.answer
         hit = eval_index.match(row.original_problem)
         if hit is not None:
-            contaminated[hit] += 1
+            d.contaminated[hit] += 1
             continue
-        final.append(row)
+        d.final.append(row)
         final_keys.append(key)
-    rows_per_problem = Counter(copies[key] for key in final_keys)  # rows per kept problem → problems
+    d.rows_per_problem = Counter(copies[key] for key in final_keys)
     if bar is not None:
         bar.close()
+    return d
 
+
+def _rule_counts(final: list[_Row], sample_per_rule: int) -> tuple[Counter, dict[str, list[dict[str, Any]]]]:
+    """How many kept rows each rule made, and up to ``sample_per_rule`` examples of each rewrite."""
+    rules: Counter = Counter()
+    samples: dict[str, list[dict[str, Any]]] = {}
     for row in final:
         rules[row.item.rule] += 1
         if row.item.rule != "integer":
@@ -335,12 +425,14 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
                     "sentence": row.item.sentence,
                     "source": f"{row.source} {row.where}",
                 },
-                cfg.sample_per_rule,
+                sample_per_rule,
             )
+    return rules, samples
 
-    if not final:
-        raise ReasonRLError(_zero_kept_message(rows_read, dropped, duplicates, contaminated, len(bad), cfg.integerize))
 
+def _split(final: list[_Row], cfg: PrepareConfig) -> dict[str, list[dict[str, Any]]]:
+    """The verl rows of the train and validation splits (--val-size, or --val-fraction with at
+    least one row; a seeded draw; at least one training row)."""
     n = len(final)
     if cfg.val_size is not None:
         n_val = cfg.val_size
@@ -356,34 +448,13 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     for i, row in enumerate(final):
         split = "validation" if i in val_ids else "train"
         split_rows[split].append(_verl_row(row, split, len(split_rows[split]), cfg.template))
+    return split_rows
 
-    report: dict[str, Any] = {
-        "stage": STAGE,
-        "inputs": [str(f) for _, f in files],
-        "rows_read": rows_read,
-        "bad_rows_skipped": len(bad),
-        "bad_rows": [b.as_dict() for b in bad[:MAX_BAD_ROWS_LISTED]],
-        "kept_unchanged": rules.get("integer", 0),
-        "transformed": {k: v for k, v in sorted(rules.items(), key=lambda kv: -kv[1]) if k != "integer"},
-        "dropped": dict(dropped.most_common()),
-        "duplicates": duplicates,
-        "duplicates_with_other_answer": conflicting,
-        "rows_per_problem": {str(k): v for k, v in sorted(rows_per_problem.items())},
-        "max_rows_per_problem": max(rows_per_problem, default=0),
-        "contaminated": {name: contaminated.get(name, 0) for name in eval_paths},
-        "decontamination": {"ngram": cfg.ngram, "min_overlap": cfg.min_overlap, "sets": {k: ", ".join(str(p) for p in v) for k, v in eval_paths.items()}, "eval_problems": eval_index.sizes},
-        "integerize": cfg.integerize,
-        "template": cfg.template,
-        "rewriter": rewriter is not None,
-        "kept": n,
-        "train": len(split_rows["train"]),
-        "validation": len(split_rows["validation"]),
-        "samples": samples,
-        "dropped_samples": dropped_samples,
-    }
 
-    # Everything is validated: now write. The old manifest goes first, so a crash while writing
-    # never leaves a manifest next to half-written files.
+def _write(cfg: PrepareConfig, out_path: Path, files: list[tuple[str, Path]], eval_paths: dict[str, list[Path]],
+           split_rows: dict[str, list[dict[str, Any]]], report: dict[str, Any]) -> None:
+    """Everything is validated: now write. The old manifest goes first, so a crash while writing
+    never leaves a manifest next to half-written files."""
     out = prepare_out_dir(out_path, overwrite=cfg.overwrite)
     for split in SPLITS:
         _write_parquet(out / f"{split}.parquet", split_rows[split])
@@ -391,7 +462,6 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     inputs: dict[str, str | Path | None] = {f"input{i}": f for i, (_, f) in enumerate(files)}
     inputs.update({f"decontaminate:{k}:{p.name}": p for k, v in eval_paths.items() for p in v})
     write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
-    return report
 
 
 def _sample(store: dict[str, list[Any]], key: str, value: Any, limit: int) -> None:

@@ -27,12 +27,12 @@ import torch
 from reasonrl import algos as A
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.errors import ReasonRLError
-from reasonrl.stages.options import BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, start_ranks
+from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
+                                      training_rows)
 
 
 @dataclass
-class PretrainValueConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
+class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/critic", "Output directory: critic/ (HF directory), metrics.jsonl, bias.json, manifest.json.")
     critic_init: str | None = opt(None, "Initialise the value model from this directory (e.g. a reward model); default: the policy's backbone.")
@@ -44,13 +44,13 @@ class PretrainValueConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
     warmup_steps: int = opt(0, "Linear LR warm-up in steps, then constant.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
-    lam_actor: float = opt(0.95, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
+    lam_actor: float = opt(A.ALGOS["vcppo"].lam_actor, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
     eval_prompts: int = opt(8, "Held-out prompts for the before/after bias picture (from the validation split; without one, from the training rows, labelled in-sample).")
     overwrite: bool = opt(False, "Replace a finished output directory.")
 
     def __post_init__(self) -> None:
         self._check_model()
-        self._check_sampling()
+        self._check_rollout()
         self._check_tracking()
         check(self.steps >= 0, "steps must be >= 0")
         check(self.temperature > 0, "temperature must be > 0: value pretraining samples the policy's responses (greedy would repeat one)")
@@ -88,7 +88,7 @@ def _all_groups(groups: list[Any], ranks: Any) -> list[Any]:
 
 
 def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
-    from reasonrl.train.metrics import position_metrics
+    from reasonrl.train.step_metrics import position_metrics
 
     learner.advantages(st, group_size=group_size)
     vl, _ = A.value_loss(st.values, st.values, st.returns, st.batch.valid)
@@ -104,24 +104,19 @@ def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
 def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
-    from reasonrl.data import load_prepared
     from reasonrl.devices import default_device, resolve_dtype
-    from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
     from reasonrl.models.loading import check_weights, load_tokenizer
     from reasonrl.models.value import new_value_model
     from reasonrl.progress import Display, status
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
-    from reasonrl.train.collector import Collector, DataStream
-    from reasonrl.train.learner import Learner
-    from reasonrl.train.metrics import flatten_metrics, position_metrics, rollout_metrics
+    from reasonrl.train.collector import DataStream
+    from reasonrl.train.step_metrics import flatten_metrics, position_metrics, rollout_metrics
     from reasonrl.train.ranks import Ranks
 
     console = console or Console(stderr=True)
-    rows = load_prepared(cfg.data, "train")
-    if not rows:
-        raise ReasonRLError(f"{cfg.data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
+    rows = training_rows(cfg.data)
     held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
     policy_dir = cfg.policy_dir()
     init_dir = check_weights(cfg.critic_init, cfg.allow_pickle) if cfg.critic_init else policy_dir
@@ -141,15 +136,9 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     spec = value_spec(cfg.lam_actor)
     engine = make_engine(cfg, str(policy_dir), seed=cfg.seed + rank, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     scorer = RewardScorer()
-    sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
-    mk = lambda rows_: Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(rows_, cfg.seed),  # noqa: E731
-                                 sampling=sampling, max_prompt_len=cfg.max_prompt_len, overlong_cache_len=0, seed=cfg.seed, ranks=ranks)
-    collector, held = mk(rows), mk(held_rows)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    learner = Learner(spec=spec, policy=None, policy_backend=None, critic_backend=critic_backend, ref_model=None,
-                      sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
-                      max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
-                      ppo_epochs=1, dtype=dtype, seed=cfg.seed, ranks=ranks)
+    collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
+                                      overlong_cache_len=0) for r in (rows, held_rows))
+    learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, critic_backend=critic_backend)
     display = Display(console, quiet=cfg.quiet or rank != 0)
     say = display.print if rank == 0 else (lambda *a, **k: None)
     label = "in-sample: no validation split, drawn from the training rows" if in_sample else "held-out: the validation split"

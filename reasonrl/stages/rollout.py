@@ -7,11 +7,11 @@ from typing import Any
 
 from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
-from reasonrl.stages.options import ModelOpts, ProgressOpts, SamplingOpts, open_generation
+from reasonrl.stages.options import ModelOpts, ProgressOpts, RolloutOpts, open_generation
 
 
 @dataclass
-class RolloutConfig(ModelOpts, SamplingOpts, ProgressOpts):
+class RolloutConfig(ModelOpts, RolloutOpts, ProgressOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     split: str = opt("train", "Which split to sample prompts from: train or validation.")
     num_prompts: int | None = opt(None, "Prompts to use (in a seeded order); all when omitted.")
@@ -20,7 +20,7 @@ class RolloutConfig(ModelOpts, SamplingOpts, ProgressOpts):
 
     def __post_init__(self) -> None:
         self._check_model()
-        self._check_sampling()
+        self._check_rollout()
         check(self.split in ("train", "validation"), "split must be train or validation")
         check(self.num_prompts is None or self.num_prompts >= 1, "num_prompts must be >= 1")
 
@@ -33,7 +33,7 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     from reasonrl.data import load_prepared
     from reasonrl.engines.base import SamplingParams
     from reasonrl.progress import Display
-    from reasonrl.samples import generate_rollouts, write_rollouts
+    from reasonrl.rollouts import generate_rollouts, write_rollouts
 
     console = console or Console(stderr=True)
     rows = load_prepared(cfg.data, cfg.split)

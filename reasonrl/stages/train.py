@@ -22,11 +22,12 @@ from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.perf import StepPerf
-from reasonrl.stages.options import BackendOpts, ModelOpts, SamplingOpts, TrackOpts, make_backend, start_ranks
+from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
+                                      training_rows)
 
 
 @dataclass
-class TrainConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
+class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in the README).")
@@ -58,7 +59,7 @@ class TrainConfig(BackendOpts, ModelOpts, SamplingOpts, TrackOpts):
 
     def __post_init__(self) -> None:
         self._check_model()
-        self._check_sampling()
+        self._check_rollout()
         self._check_tracking()
         check(self.algo in A.ALGOS, f"unknown --algo '{self.algo}': choose one of {', '.join(A.ALGOS)}")
         check(self.steps >= 1, "steps must be >= 1")
@@ -113,7 +114,7 @@ def critic_dir(path: str | Path) -> Path:
 def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, console: Any) -> list[dict[str, Any]]:
     """The rows whose chat prompt fits ``max_prompt_len`` tokens; the others are dropped and counted
     once, up front (a run where none fits is an error, not a run that trains on nothing)."""
-    from reasonrl.samples import prompt_text
+    from reasonrl.rollouts import prompt_text
 
     fit = [r for r in rows if len(tokenizer(prompt_text(r, tokenizer), add_special_tokens=False)["input_ids"]) <= max_prompt_len]
     if not fit:
@@ -135,27 +136,22 @@ def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig,
 def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
-    from reasonrl.data import load_prepared
-    from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.registry import make_engine
     from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
     from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint, start_run
-    from reasonrl.train.collector import Collector, DataStream
-    from reasonrl.train.learner import Learner
+    from reasonrl.train.collector import DataStream
     from reasonrl.train.ranks import Ranks
-    from reasonrl.train.metrics import flatten_metrics, log_line
+    from reasonrl.train.step_metrics import flatten_metrics, log_line
     from reasonrl.train.step import train_step
 
     console = console or Console(stderr=True)
     spec = cfg.algo_spec()
     out = Path(cfg.out)
     # Validate every input before anything is written.
-    rows = load_prepared(cfg.data, "train")
-    if not rows:
-        raise ReasonRLError(f"{cfg.data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
+    rows = training_rows(cfg.data)
     policy_dir = cfg.policy_dir()
     cdir: Path | None = None
     if spec.use_critic:
@@ -205,17 +201,12 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     if ckpt:
         engine.update_weights(policy_backend.full_state_dict())
-    sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
     scorer = RewardScorer()
     ranks = Ranks(rank, world)
-    collector = Collector(spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, sampling=sampling,
-                          max_prompt_len=cfg.max_prompt_len, overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample,
-                          max_rounds=cfg.max_gen_rounds, seed=cfg.seed, ranks=ranks)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    learner = Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref,
-                      sampling=A.Sampling(cfg.temperature, cfg.top_k, cfg.top_p), pad_id=pad_id,
-                      max_len=cfg.max_response_len, micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // world),
-                      ppo_epochs=cfg.ppo_epochs, dtype=dtype, seed=cfg.seed, ranks=ranks)
+    collector = make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, ranks=ranks,
+                               overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds)
+    learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, policy=policy, policy_backend=policy_backend,
+                           critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
     if rank == 0:
         write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
@@ -230,24 +221,24 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     try:
         display.start()
         for step in range(start + 1, cfg.steps + 1):
-            m = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                           on_short_batch=cfg.on_short_batch, perf=perf)
-            bad_steps = bad_steps + 1 if m.get("actor/bad_step") else 0
-            samples = m.pop("_samples", [])
+            res = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                             on_short_batch=cfg.on_short_batch, perf=perf)
+            m = res.metrics
+            bad_steps = bad_steps + 1 if res.bad_step else 0
             history.append(m)
             bar.advance()
             if rank == 0:
                 runlog.append(m)  # metrics.jsonl, then the trackers
-                if m.get("rollout/short_batch"):
-                    done = "update skipped" if m.get("actor/skipped_update") else "trained on them"
+                if res.short_batch:
+                    done = "update skipped" if res.skipped_update else "trained on them"
                     display.print(f"[yellow]step {step}: dynamic sampling kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
                                            f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     display.print(log_line(step, cfg.steps, m))
                 if cfg.keep_rollouts:
-                    from reasonrl.samples import write_rollouts
+                    from reasonrl.rollouts import write_rollouts
 
-                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", samples, step=step)
+                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", res.samples, step=step)
             if bad_steps >= cfg.max_bad_steps:
                 raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
             if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps) and not bad_steps:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from reasonrl.artifacts import append_jsonl
 from reasonrl.tracking.base import Tracker, make_trackers, scalars
 
 
@@ -30,8 +31,6 @@ class RunLog:
 
     def append(self, m: dict[str, Any]) -> None:
         """Record a finished step (``m["step"]``) in metrics.jsonl, then in the trackers."""
-        from reasonrl.train.metrics import append_jsonl
-
         if self.rank != 0:
             return
         step = int(m["step"])

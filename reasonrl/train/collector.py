@@ -32,7 +32,7 @@ import torch
 
 from reasonrl import algos as A
 from reasonrl.engines.base import SamplingParams
-from reasonrl.samples import RolloutStats, Sample, generate_rollouts
+from reasonrl.rollouts import RolloutStats, Sample, generate_rollouts
 from reasonrl.train.ranks import Ranks, mix
 
 
@@ -99,7 +99,7 @@ def shape_rewards(groups: list[list[Sample]], *, overlong_penalty: bool, max_len
     flat = [s for g in groups for s in g]
     if not flat:
         return
-    pen = A.overlong_penalty(torch.tensor([s.length for s in flat]), max_len=max_len, cache_len=cache_len) if overlong_penalty else torch.zeros(len(flat))
+    pen = A.soft_overlong_punishment(torch.tensor([s.length for s in flat]), max_len=max_len, cache_len=cache_len) if overlong_penalty else torch.zeros(len(flat))
     for s, p in zip(flat, pen.tolist()):
         s.shaped_reward = s.reward + float(p)
 
@@ -147,13 +147,13 @@ class Collector:
             out.rounds += 1
             shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
             out.generated.extend(s for g in groups for s in g)
-            # Agree on what was generated: (draw index, rank, #correct, G) of every group.
-            facts = [(g[0].group, rank, sum(s.correct for s in g), len(g)) for g in groups]
+            # Agree on what was generated: (draw index, rank, #correct, G, informative) of every group.
+            informative = A.informative_groups(torch.tensor([[s.correct for s in g] for g in groups], dtype=torch.bool)).tolist() if groups else []
+            facts = [(g[0].group, rank, sum(s.correct for s in g), len(g), inf) for g, inf in zip(groups, informative)]
             everyone = sorted(f for part in self.ranks.gather(facts) for f in part)
             out.generated_groups += len(everyone)
-            for draw, owner, n_corr, size in everyone:
-                informative = 0 < n_corr < size
-                if dynamic and not informative:
+            for draw, owner, n_corr, size, useful in everyone:
+                if dynamic and not useful:
                     out.dropped_all_correct += int(n_corr == size)
                     out.dropped_all_wrong += int(n_corr == 0)
                     continue

@@ -1,5 +1,9 @@
 """Learning from a collected batch: prepare → advantages → critic and policy updates.
 
+``prepare`` makes the step's tensors with the no-grad passes of ``reasonrl.train.passes``; the
+updates here are the optimisation: mini-batches, each cut into weighted micro-batches, each a
+forward and the objective of ``reasonrl.algos.objective`` (the policy) or the value loss (the critic).
+
 The order is the papers': old log-probabilities recomputed by the trained model (never the
 sampler's) and old values; advantages (GAE / decoupled GAE with the critic, or group-relative);
 mini-batch updates of the critic and of the policy with the algo's loss and aggregation. Which
@@ -26,36 +30,27 @@ accumulated gradient is the mini-batch's whatever the arrangement.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 
 from reasonrl import algos as A
-from reasonrl.algos.metrics import clip_by_prob_bucket
-from reasonrl.devices import autocast_ctx
-from reasonrl.samples import Sample
-from reasonrl.train.batch import Batch, build_batch, response_logits, response_values
+from reasonrl.algos.diagnostics import add_clip_counts, clip_by_prob_bucket, clip_fractions_from_counts
+from reasonrl.algos.objective import policy_objective
+from reasonrl.rollouts import Sample
+from reasonrl.train.batch import Batch, response_logits, response_values
+from reasonrl.train.passes import StepTensors, no_grad_passes, off_policy, step_tensors
 from reasonrl.train.ranks import Ranks, mix
 
 
 @dataclass
-class StepTensors:
-    """Everything the updates need for one step's batch (B responses, T response tokens)."""
+class _PolicyTally:
+    """What update_policy gathers across its updates: the largest ratio of any counted token (a
+    max, not a mean) and the DAPO fig. 3a clip counts by probability (of the last epoch's updates)."""
 
-    batch: Batch
-    old_logp: torch.Tensor  # (B, T)
-    entropy: torch.Tensor  # (B, T)
-    rewards: torch.Tensor  # (B,) shaped rewards
-    correct: torch.Tensor  # (B,) bool
-    sampler_logp: torch.Tensor  # (B, T) the engine's log-probs of the sampled tokens
-    values: torch.Tensor | None = None  # (B, T)
-    ref_logp: torch.Tensor | None = None  # (B, T)
-    is_weights: torch.Tensor | None = None  # (B, T) truncated importance-sampling weights (tis_cap)
-    advantages: torch.Tensor | None = None  # (B, T)
-    returns: torch.Tensor | None = None  # (B, T)
-    metrics: dict[str, float] = field(default_factory=dict)  # rollout/trainer mismatch, TIS
-    group: torch.Tensor | None = None  # (B,) each row's group (rows of a group share the prompt)
-    old_from_update: bool = False  # old_logp / entropy / metrics are filled by update_policy's forward
+    ratio_max: float = 0.0
+    clip_counts: dict[str, float] = field(default_factory=dict)
 
 
 class Learner:
@@ -99,10 +94,7 @@ class Learner:
         model = self.policy if self.policy is not None else self.critic_backend.model
         return next(model.parameters()).device
 
-    # ---------------------------------------------------------------- prepare
-    def _micro_slices(self, n: int) -> list[list[int]]:
-        return [list(range(i, min(i + self.micro, n))) for i in range(0, n, self.micro)]
-
+    # ---------------------------------------------------------------- the step's tensors
     def one_update(self, rows: int) -> bool:
         """Whether a batch of ``rows`` (this process's) takes its old log-probs from the update's own
         forward: exactly one policy update (one epoch, one mini-batch) and nothing that needs them
@@ -117,58 +109,24 @@ class Learner:
         weights; the mismatch with the sampler's log-probs. Padding copies get no valid token.
         With one update per batch (:meth:`one_update`) the policy's part is left to ``update_policy``."""
         self.gen = torch.Generator().manual_seed(mix(self.seed, step, self.rank))  # this step's mini-batch order
-        flat = [s for g in groups for s in g]
-        loss_rows = [not (s.pad or (self.spec.overlong_filter and s.truncated)) for s in flat]
-        batch = build_batch([s.prompt_ids for s in flat], [s.response_ids for s in flat], pad_id=self.pad_id, loss_rows=loss_rows)
-        batch.valid[torch.tensor([s.pad for s in flat], dtype=torch.bool)] = 0.0
-        B, T = batch.response_ids.shape
-        sampler_logp = torch.zeros(B, T)
-        for i, smp in enumerate(flat):
-            sampler_logp[i, : len(smp.logprobs)] = torch.tensor(smp.logprobs, dtype=torch.float32)
-        rewards = torch.tensor([s.shaped_reward for s in flat], dtype=torch.float32)
-        correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
-        st = StepTensors(batch, torch.zeros(B, T), torch.zeros(B, T), rewards, correct, sampler_logp,
-                         values=torch.zeros(B, T) if self.critic_backend is not None else None,
-                         ref_logp=torch.zeros(B, T) if self.ref_model is not None else None,
-                         group=torch.tensor([s.group for s in flat], dtype=torch.long), old_from_update=self.one_update(B))
-        self._forward_passes(st, policy=self.policy is not None and not st.old_from_update)
+        st = step_tensors(groups, pad_id=self.pad_id, overlong_filter=self.spec.overlong_filter, values=self.critic_backend is not None,
+                          ref=self.ref_model is not None, old_from_update=self.one_update(sum(len(g) for g in groups)))
+        self._passes(st, policy=self.policy is not None and not st.old_from_update)
         if not st.old_from_update:
             self._off_policy(st)
         return st
 
-    @torch.no_grad()
-    def _forward_passes(self, st: StepTensors, *, policy: bool, others: bool = True) -> None:
-        """The no-grad passes over the batch in group order: the policy's (old log-probs, entropy)
-        when ``policy``; the reference's and the critic's when ``others`` (and the algo has them)."""
-        batch, B = st.batch, st.batch.response_ids.shape[0]
-        if not (policy or (others and (st.ref_logp is not None or st.values is not None))):
-            return
-        models = [m for m in (self.policy if policy else None, self.critic_backend.model if others and st.values is not None else None) if m is not None]
-        for m in models:
-            m.eval()
-        for idx in self._micro_slices(B):
-            mb = batch.select(idx).to(self.device)
-            t = mb.T
-            with autocast_ctx(self.dtype):
-                if policy:
-                    logits = response_logits(self.policy, mb)
-                    st.old_logp[idx, :t] = (A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
-                    st.entropy[idx, :t] = (A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) * mb.valid).cpu()
-                    del logits
-                if others and st.ref_logp is not None:
-                    ref_logits = response_logits(self.ref_model, mb)
-                    st.ref_logp[idx, :t] = (A.logprobs_from_logits(ref_logits, mb.response_ids, sampling=self.sampling) * mb.valid).cpu()
-                if others and st.values is not None:
-                    st.values[idx, :t] = (response_values(self.critic_backend.model, mb) * mb.valid).cpu()
-        for m in models:
-            m.train()
+    def _passes(self, st: StepTensors, *, policy: bool, others: bool = True) -> None:
+        """The no-grad passes: the policy's when ``policy``; the reference's and the critic's (those
+        the algo has) when ``others``."""
+        ref = self.ref_model if others else None
+        critic = self.critic_backend.model if others and self.critic_backend is not None else None
+        if policy or ref is not None or critic is not None:
+            no_grad_passes(st, policy=self.policy if policy else None, ref=ref, critic=critic, sampling=self.sampling, micro=self.micro,
+                           device=self.device, dtype=self.dtype)
 
     def _off_policy(self, st: StepTensors) -> None:
-        """The rollout/trainer gap over the loss tokens, always; the TIS weights when the row asks."""
-        st.metrics = self._mismatch(st.old_logp, st.sampler_logp, st.batch.mask)
-        if self.spec.tis_cap is not None:
-            st.is_weights, tis = A.truncated_is_weights(st.old_logp, st.sampler_logp, st.batch.mask, cap=self.spec.tis_cap, level=self.spec.tis_level)
-            st.metrics.update({f"actor/{k}": v for k, v in tis.items()})
+        off_policy(st, tis_cap=self.spec.tis_cap, tis_level=self.spec.tis_level, ranks=self.ranks)
 
     def advantages(self, st: StepTensors, *, group_size: int) -> None:
         """Fill st.advantages / st.returns with the algo's advantage estimator."""
@@ -177,12 +135,11 @@ class Learner:
         token_rewards = None
         if s.kl_in_reward and s.kl_coef > 0 and st.ref_logp is not None:
             token_rewards = -s.kl_coef * A.kl_penalty(st.old_logp, st.ref_logp, s.kl_kind) * valid
-        lam_actor: float | torch.Tensor = s.lam_actor
+        knobs = s.advantage_knobs()  # gamma, lam_actor, lam_critic, scale_by_std
         if s.adaptive_lambda:
-            lam_actor = A.adaptive_lambda(valid.sum(1).clamp(min=1), alpha=s.adaptive_lambda_alpha)
+            knobs["lam_actor"] = A.adaptive_lambda(valid.sum(1).clamp(min=1), alpha=s.adaptive_lambda_alpha)
         adv, ret = A.compute_advantages(s.advantage, rewards=st.rewards, mask=valid, group_size=group_size, values=st.values,
-                                        token_rewards=token_rewards, gamma=s.gamma, lam_actor=lam_actor, lam_critic=s.lam_critic,
-                                        scale_by_std=s.grpo_scale_by_std)
+                                        token_rewards=token_rewards, **knobs)
         if s.whiten_advantages:
             adv = A.masked_whiten(adv, st.batch.mask) * valid
         st.advantages, st.returns = adv, ret
@@ -254,119 +211,103 @@ class Learner:
     def _all_max(self, x: torch.Tensor) -> torch.Tensor:
         return self.ranks.max(x)
 
-    def _mismatch(self, old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        """``A.mismatch_metrics`` over every rank's loss tokens."""
-        m = mask.bool()
-        n = float(m.sum())
-        local = A.mismatch_metrics(old_logp, sampler_logp, mask)
-        sums = self.ranks.sum(torch.tensor([local["logprob_diff_mean"] * n, local["mismatch_kl"] * n, n], dtype=torch.float64)).tolist()
-        top = float(self.ranks.max(torch.tensor(local["logprob_diff_max"], dtype=torch.float64)))
-        total = sums[2] or 1.0
-        return {"rollout/logprob_diff_mean": sums[0] / total, "rollout/logprob_diff_max": top, "rollout/mismatch_kl": sums[1] / total}
-
-    def update_policy(self, st: StepTensors) -> dict[str, float]:
+    def update_policy(self, st: StepTensors) -> dict[str, Any]:
+        """The policy's updates over the batch's mini-batches (``ppo_epochs`` passes); its metrics,
+        means over the updates, ``actor/ratio_max`` and ``actor/clipfrac_by_prob`` over all of them.
+        With the old log-probs from the update (``st.old_from_update``) the mismatch and TIS
+        metrics follow once every row's forward ran."""
         s = self.spec
-        agg = s.loss_agg
         params = s.loss_params(generator=self.gen)  # the covariance losses draw from the learner's seeded generator
-        max_len = self.max_len
         metrics: dict[str, list[float]] = {}
-        buckets: dict[str, float] = {}  # DAPO fig. 3a counts, from the ratios of the last epoch's updates
-        peak = [0.0]  # the largest ratio of any counted token of any update (a max, not a mean)
+        tally = _PolicyTally()
         minis = self._minibatches(st.batch.input_ids.shape[0])
         per_epoch = len(minis) // self.epochs
-        fused = st.old_from_update
         for mi, mini in enumerate(minis):
-            micros = self._weights(st.batch.mask, self.arrange(st, mini), agg)
-            track = mi >= len(minis) - per_epoch
-            nll_den = self._correct_tokens(st, mini) if s.pos_lm_coef > 0 and micros else None
-
-            def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
-                idx, w = item
-                mb = st.batch.select(idx).to(self.device)
-                t, dev = mb.T, self.device
-                logits = response_logits(model, mb)
-                logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling)
-                if fused:  # the old log-probs are this forward's, detached (module doc); entropy from the same logits
-                    old = logp.detach()
-                    with torch.no_grad():
-                        ent = A.entropy_from_logits(logits.detach(), sampling=self.sampling, token_ids=mb.response_ids)
-                    st.old_logp[idx, :t], st.entropy[idx, :t] = (old * mb.valid).cpu(), (ent * mb.valid).cpu()
-                    isw = None if s.tis_cap is None else A.truncated_is_weights(old, st.sampler_logp[idx, :t].to(dev), mb.mask, cap=s.tis_cap,
-                                                                                  level=s.tis_level)[0]
-                else:
-                    old = st.old_logp[idx, :t].to(dev)
-                    isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
-                del logits
-                adv = st.advantages[idx, :t].to(dev)
-                out = A.POLICY_LOSSES[s.policy_loss](logp, old, adv, mb.mask, params=params, agg=agg, max_len=max_len, is_weights=isw)
-                loss, m = out.loss, dict(out.metrics)
-                peak[0] = max(peak[0], m.pop("ratio_max", 0.0))
-                if s.kl_coef > 0 and not s.kl_in_reward and st.ref_logp is not None:
-                    kl = A.kl_penalty(logp, st.ref_logp[idx, :t].to(dev), s.kl_kind)
-                    kl_loss = A.aggregate(kl, mb.mask, agg, max_len=max_len)
-                    loss = loss + s.kl_coef * kl_loss
-                    m["kl_ref"] = float(kl_loss.detach())
-                m["pg_loss"] = float(loss.detach())
-                loss, nll_m = loss * w, {}
-                if nll_den is not None:  # VAPO: + mu * NLL of the correct responses, normalised over the mini-batch
-                    nll, nll_m = A.positive_example_nll(logp, mb.mask, st.correct[idx].to(dev), denominator=nll_den)
-                    loss = loss + s.pos_lm_coef * nll
-                if track:
-                    bm = clip_by_prob_bucket(old, out.clip_upper, out.clip_lower, mb.mask)
-                    for k, v in bm.items():
-                        if k.startswith("tokens/"):
-                            b = k[len("tokens/"):]
-                            buckets[k] = buckets.get(k, 0.0) + v
-                            for kind in ("clip_upper", "clip_lower"):
-                                buckets[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) + bm.get(f"{kind}/{b}", 0.0) * v
-                return loss, {**{k: v * w / self.world for k, v in m.items() if isinstance(v, (int, float))},
-                              **{k: v / self.world for k, v in nll_m.items()}}
-
+            micros = self._weights(st.batch.mask, self.arrange(st, mini), s.loss_agg)
             if not micros:
-                if fused:  # no update (nothing counted on any rank): the old log-probs and entropy still come from a forward
-                    self._forward_passes(st, policy=True, others=False)
+                if st.old_from_update:  # no update (nothing counted on any rank): the old log-probs and entropy still come from a forward
+                    self._passes(st, policy=True, others=False)
                 continue
-            out = self.policy_backend.step(micros, loss_fn)
-            for k, v in out.items():
+            nll_den = self._correct_tokens(st, mini) if s.pos_lm_coef > 0 else None
+            loss_fn = partial(self._policy_micro_loss, st=st, params=params, nll_den=nll_den, tally=tally,
+                              track=mi >= len(minis) - per_epoch)  # the clip counts: of the last epoch's updates
+            for k, v in self.policy_backend.step(micros, loss_fn).items():
                 metrics.setdefault(k, []).append(v)
-        if fused:
+        if st.old_from_update:
             self._off_policy(st)
         res: dict[str, Any] = {f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
-        res["actor/ratio_max"] = float(self._all_max(torch.tensor(peak[0], dtype=torch.float64)))
-        if buckets:  # counts over every rank's tokens
-            keys = sorted(buckets)
-            summed = self._all_sum(torch.tensor([buckets[k] for k in keys], dtype=torch.float64)).tolist()
-            buckets = dict(zip(keys, summed))
-        by_prob: dict[str, float] = {}
-        for k, n in buckets.items():
-            if k.startswith("tokens/"):
-                b = k[len("tokens/"):]
-                by_prob[k] = n
-                for kind in ("clip_upper", "clip_lower"):
-                    by_prob[f"{kind}/{b}"] = buckets.get(f"{kind}/{b}", 0.0) / n if n else 0.0
-        res["actor/clipfrac_by_prob"] = by_prob
+        res["actor/ratio_max"] = float(self._all_max(torch.tensor(tally.ratio_max, dtype=torch.float64)))
+        counts = tally.clip_counts
+        if counts:  # counts over every rank's tokens
+            keys = sorted(counts)
+            counts = dict(zip(keys, self._all_sum(torch.tensor([counts[k] for k in keys], dtype=torch.float64)).tolist()))
+        res["actor/clipfrac_by_prob"] = clip_fractions_from_counts(counts)
         return res
 
-    def update_critic(self, st: StepTensors) -> dict[str, float]:
+    def _policy_micro_loss(self, model: torch.nn.Module, item: tuple[list[int], float], *, st: StepTensors, params: A.LossParams,
+                           nll_den: float | None, tally: _PolicyTally, track: bool) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch (rows ``idx``, weight ``w``) of a policy update: its forward, its old
+        log-probs (this forward's, detached, when fused; else prepare's), the policy objective, its
+        weighted loss and metrics (``backend.step``'s ``loss_fn``)."""
+        s, dev = self.spec, self.device
+        idx, w = item
+        mb = st.batch.select(idx).to(dev)
+        t = mb.T
+        logits = response_logits(model, mb)
+        logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling)
+        if st.old_from_update:
+            old, isw = self._old_from_forward(st, idx, mb, logits, logp)
+        else:
+            old = st.old_logp[idx, :t].to(dev)
+            isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
+        del logits
+        obj = policy_objective(logp, old, st.advantages[idx, :t].to(dev), mb.mask, loss=s.policy_loss, params=params, agg=s.loss_agg,
+                               max_len=self.max_len, is_weights=isw,
+                               ref_logp=st.ref_logp[idx, :t].to(dev) if st.ref_logp is not None and not s.kl_in_reward else None,
+                               kl_coef=s.kl_coef, kl_kind=s.kl_kind, pos_lm_coef=s.pos_lm_coef if nll_den is not None else 0.0,
+                               correct=st.correct[idx].to(dev) if nll_den is not None else None, nll_denominator=nll_den)
+        tally.ratio_max = max(tally.ratio_max, obj.metrics.pop("ratio_max", 0.0))
+        if track:
+            add_clip_counts(tally.clip_counts, clip_by_prob_bucket(old, obj.policy.clip_upper, obj.policy.clip_lower, mb.mask))
+        loss = obj.loss * w
+        if obj.nll is not None:  # VAPO: + mu * NLL of the correct responses, normalised over the mini-batch
+            loss = loss + obj.nll
+        return loss, {**{k: v * w / self.world for k, v in obj.metrics.items() if isinstance(v, (int, float))},
+                      **{k: v / self.world for k, v in obj.nll_metrics.items()}}
+
+    def _old_from_forward(self, st: StepTensors, idx: list[int], mb: Batch, logits: torch.Tensor,
+                          logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused path (module doc): the old log-probs are this forward's, detached, and the
+        entropy comes from the same logits; both recorded into ``st`` as the no-grad pass would;
+        the TIS weights from them (row-local constants). Returns (old log-probs, TIS weights or None)."""
         s = self.spec
+        old = logp.detach()
+        with torch.no_grad():
+            ent = A.entropy_from_logits(logits.detach(), sampling=self.sampling, token_ids=mb.response_ids)
+        st.record_policy(idx, old, ent, mb.valid)
+        if s.tis_cap is None:
+            return old, None
+        return old, A.truncated_is_weights(old, st.sampler_logp[idx, : mb.T].to(self.device), mb.mask, cap=s.tis_cap, level=s.tis_level)[0]
+
+    def update_critic(self, st: StepTensors) -> dict[str, float]:
+        """The critic's updates over the batch's mini-batches; its metrics, means over the updates."""
         assert st.values is not None and st.returns is not None
         metrics: dict[str, list[float]] = {}
         for mini in self._minibatches(st.batch.input_ids.shape[0]):
             micros = self._weights(st.batch.valid, self.arrange(st, mini), "token-mean")  # the value loss counts every valid token
-
-            def loss_fn(model: torch.nn.Module, item: tuple[list[int], float]) -> tuple[torch.Tensor, dict[str, float]]:
-                idx, w = item
-                mb = st.batch.select(idx).to(self.device)
-                t, dev = mb.T, self.device
-                v = response_values(model, mb)
-                loss, m = A.value_loss(v, st.values[idx, :t].to(dev), st.returns[idx, :t].to(dev), mb.valid, clip=s.value_clip, agg="token-mean")
-                m["vf_loss"] = float(loss.detach())
-                # (explained variance is logged once per step, of the values the advantages used)
-                return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float)) and k != "explained_variance"}
-
             if not micros:
                 continue
-            out = self.critic_backend.step(micros, loss_fn)
-            for k, v in out.items():
+            for k, v in self.critic_backend.step(micros, partial(self._critic_micro_loss, st=st)).items():
                 metrics.setdefault(k, []).append(v)
         return {f"critic/{k}": sum(v) / len(v) for k, v in metrics.items()}
+
+    def _critic_micro_loss(self, model: torch.nn.Module, item: tuple[list[int], float], *, st: StepTensors) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch of a critic update: the clipped value loss, weighted, and its metrics
+        (explained variance is logged once per step, of the values the advantages used)."""
+        idx, w = item
+        mb = st.batch.select(idx).to(self.device)
+        t, dev = mb.T, self.device
+        v = response_values(model, mb)
+        loss, m = A.value_loss(v, st.values[idx, :t].to(dev), st.returns[idx, :t].to(dev), mb.valid, clip=self.spec.value_clip, agg="token-mean")
+        m["vf_loss"] = float(loss.detach())
+        return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float)) and k != "explained_variance"}

@@ -9,22 +9,35 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from reasonrl.errors import ReasonRLError
+from reasonrl.rollouts import Sample
 from reasonrl.train.collector import Collector
 from reasonrl.progress import status
 from reasonrl.train.learner import Learner
-from reasonrl.train.metrics import position_metrics, rollout_metrics
+from reasonrl.train.step_metrics import position_metrics, rollout_metrics
+
+
+@dataclass
+class StepResult:
+    """One step's outcome: the metrics it logs, every response it generated (kept or not, for
+    --keep-rollouts), and the flags the caller acts on (each also logged as a metric, value 1)."""
+
+    metrics: dict[str, Any]
+    samples: list[Sample]
+    short_batch: bool = False  # dynamic sampling hit its round cap with the batch not full (rollout/short_batch)
+    skipped_update: bool = False  # no update this step: nothing kept, or --on-short-batch skip (actor/skipped_update)
+    bad_step: bool = False  # a loss or gradient norm was not finite: the backends made no optimizer step (actor/bad_step)
 
 
 def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int, prompts_per_step: int, group_size: int,
-               on_short_batch: str = "train", perf: Any = None) -> dict[str, Any]:
-    """Run one step; returns its metrics (``_samples``: every generated response, for --keep-rollouts).
+               on_short_batch: str = "train", perf: Any = None) -> StepResult:
+    """Run one step; returns its :class:`StepResult`.
 
     ``on_short_batch``: what to do when dynamic sampling hit its round cap before the batch was
-    full (``rollout/short_batch`` = 1 says it happened): "train" on what was kept, "skip" the
-    update, or "error".
+    full (``StepResult.short_batch``): "train" on what was kept, "skip" the update, or "error".
     """
     t_step = time.perf_counter()
     m: dict[str, Any] = {"step": step}
@@ -33,7 +46,8 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     #    step, each generating its share and training on an equal share of the kept groups.
     status(f"step {step}: generate + score")
     col = collector.collect(prompts_per_step, step=step)
-    if col.short and collector.spec.dynamic_sampling:
+    short = col.short and collector.spec.dynamic_sampling
+    if short:
         m["rollout/short_batch"] = 1
         if on_short_batch == "error":
             raise ReasonRLError(f"step {step}: dynamic sampling kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
@@ -45,8 +59,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         m["actor/skipped_update"] = 1
         if learner.policy_backend is not None:
             learner.policy_backend.scheduler_step()
-        m["_samples"] = col.generated
-        return m
+        return StepResult(m, col.generated, short_batch=short, skipped_update=True)
 
     # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights. With
     #    one update per batch the old log-probs are the update's own forward, detached (Learner).
@@ -75,7 +88,8 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     # Divergence guard: the backends made no optimizer step where the loss or the gradient norm was
     # not finite; the step is marked bad (the caller counts bad steps in a row and stops).
     watched = [m.get(k, 0.0) for k in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")]
-    if not all(math.isfinite(float(v)) for v in watched):
+    bad = not all(math.isfinite(float(v)) for v in watched)
+    if bad:
         m["actor/bad_step"] = 1
     n_tok = int(st.batch.attention_mask.sum())
     m["perf/train_tokens"] = n_tok
@@ -88,5 +102,4 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m["perf/weight_sync_s"] = time.perf_counter() - t0
     m["perf/step_s"] = time.perf_counter() - t_step
     m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)
-    m["_samples"] = col.generated
-    return m
+    return StepResult(m, col.generated, short_batch=short, bad_step=bad)

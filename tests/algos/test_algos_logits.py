@@ -159,7 +159,7 @@ def test_sampling_distribution_matches_the_loop_reference(temperature, top_k, to
     logits[0, :5] = logits[0, 0]  # ties at the top: top-k keeps every tied token
     logits[1] *= 0.1
     logits[1, 10:30] = 0.0  # 20 tied tokens mid-row: the top-p cut falls among them (kept in the order torch's ascending sort leaves them)
-    sp = Sampling(temperature, top_k, top_p)
+    sp = Sampling(temperature=temperature, top_p=top_p, top_k=top_k)
     got = torch.log_softmax(sampling_logits(logits, sp), -1)
     orders = torch.sort(logits / temperature, dim=-1)[1].tolist()
     want = torch.tensor([ref.sampling_logprobs(r, temperature, top_k, top_p, o) for r, o in zip(logits.tolist(), orders)], dtype=torch.float64)
@@ -180,7 +180,7 @@ def test_sampling_logprob_and_entropy_gradients_match_autograd(temperature, top_
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 4, 30, generator=g, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 30, (3, 4), generator=g)
-    sp = Sampling(temperature, top_k, top_p)
+    sp = Sampling(temperature=temperature, top_p=top_p, top_k=top_k)
     w = torch.randn(3, 4, generator=g, dtype=torch.float64)
     lp = logprobs_from_logits(x, ids, chunk_size=5, sampling=sp)
     ent = entropy_from_logits(x, chunk_size=5, sampling=sp, token_ids=ids)

@@ -124,3 +124,21 @@ def test_every_field_documented() -> None:
     with pytest.raises(ValueError):
         AlgoSpec.field_help("nope")
     assert get_algo("grpo").as_dict()["loss_agg"] == "seq-mean-token-mean"
+
+
+def test_loss_and_advantage_knobs_take_their_defaults_from_one_place() -> None:
+    """Each knob's default is declared once: the policy-loss knobs in LossParams, the advantage
+    knobs in AdvantageInputs; AlgoSpec's fields of the same name carry those defaults."""
+    import dataclasses
+
+    from reasonrl.algos import AlgoSpec, LossParams
+    from reasonrl.algos.advantages import AdvantageInputs
+
+    spec = {f.name: f.default for f in dataclasses.fields(AlgoSpec)}
+    loss = {f.name: f.default for f in dataclasses.fields(LossParams) if f.name != "generator"}
+    assert loss and all(spec[k] == v for k, v in loss.items()), "every LossParams knob is an AlgoSpec field with its default"
+    adv = {f.name: f.default for f in dataclasses.fields(AdvantageInputs)}
+    assert (spec["gamma"], spec["lam_actor"], spec["lam_critic"], spec["grpo_scale_by_std"]) == (
+        adv["gamma"], adv["lam_actor"], adv["lam_critic"], adv["scale_by_std"])
+    knobs = AlgoSpec(grpo_scale_by_std=False, gamma=0.9).advantage_knobs()  # what the learner passes to the estimator
+    assert knobs == {"gamma": 0.9, "lam_actor": adv["lam_actor"], "lam_critic": adv["lam_critic"], "scale_by_std": False}

@@ -25,5 +25,12 @@ def test_prepare_with_model_rewriter(tiny_model, tmp_path):
     # The random tiny model's phrasing never keeps the formulas: it is rejected, the rule's sentence stays.
     assert rep["rewriter_stats"]["asked"] == 1
     assert rep["rewriter_stats"]["rejected"] == 1
-    with ModelRewriter(str(tiny_model)) as rw:
-        assert rw("p", "fraction", "Give $m+n$.") == ""
+    from reasonrl.engines.base import EngineOptions
+    from reasonrl.engines.registry import make_engine
+    from reasonrl.models.loading import load_tokenizer
+
+    engine = make_engine(EngineOptions(engine="hf"), str(tiny_model), seed=0, max_model_len=2048)
+    try:
+        assert ModelRewriter(engine, load_tokenizer(tiny_model))("p", "fraction", "Give $m+n$.") == ""
+    finally:
+        engine.close()

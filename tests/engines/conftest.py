@@ -1,4 +1,4 @@
-"""Fixtures for the engine tests: the tiny model (built once per session) and HF helpers."""
+"""Fixtures for the engine tests: the tokenizer of the session's tiny model (``tiny_model``, tests/conftest.py), prompts and HF helpers."""
 
 from __future__ import annotations
 
@@ -17,17 +17,10 @@ def _one_thread():
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from reasonrl.models import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="session")
-def tiny_tok(tiny_dir: Path):
+def tiny_tok(tiny_model: Path):
     from reasonrl.models import load_tokenizer
 
-    return load_tokenizer(tiny_dir)
+    return load_tokenizer(tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +38,7 @@ def _hf_logprobs(model, prompt: list[int], completion: list[int], *, temperature
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     if temperature > 0:
-        logits = sampling_logits(logits, Sampling(temperature, top_k, top_p))
+        logits = sampling_logits(logits, Sampling(temperature=temperature, top_p=top_p, top_k=top_k))
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 

@@ -15,8 +15,8 @@ from reasonrl.engines.hf import HFEngine
 
 # ---------------------------------------------------------------- generation
 @pytest.fixture(scope="module")
-def hf(tiny_dir) -> HFEngine:
-    return HFEngine(str(tiny_dir), dtype="fp32", seed=0, batch_size=4)
+def hf(tiny_model) -> HFEngine:
+    return HFEngine(str(tiny_model), dtype="fp32", seed=0, batch_size=4)
 
 
 def test_n_samples_per_prompt_shapes_and_logprobs(hf: HFEngine, prompts) -> None:
@@ -45,8 +45,8 @@ def test_seed_reproducible_and_seeds_differ(hf: HFEngine, prompts) -> None:
     assert [x.token_ids for g in a for x in g] != [x.token_ids for g in c for x in g]
 
 
-def test_progress_callback_hears_everything_and_changes_nothing(tiny_dir, prompts, check_progress) -> None:
-    check_progress(HFEngine(str(tiny_dir), dtype="fp32", batch_size=4), prompts)  # 9 rows: 3 batches, 3 calls
+def test_progress_callback_hears_everything_and_changes_nothing(tiny_model, prompts, check_progress) -> None:
+    check_progress(HFEngine(str(tiny_model), dtype="fp32", batch_size=4), prompts)  # 9 rows: 3 batches, 3 calls
 
 
 def test_finish_reasons_length_and_forced_stop(hf: HFEngine, prompts) -> None:
@@ -88,28 +88,28 @@ def test_top_k_one_is_greedy_with_logprob_zero(hf: HFEngine, prompts) -> None:
     assert all(x == 0.0 for g in k1 for x in g[0].logprobs)
 
 
-def test_batching_is_invisible(tiny_dir, prompts) -> None:
+def test_batching_is_invisible(tiny_model, prompts) -> None:
     """Greedy results do not depend on batch size / left padding."""
-    a = HFEngine(str(tiny_dir), dtype="fp32", batch_size=1).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
-    b = HFEngine(str(tiny_dir), dtype="fp32", batch_size=8).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    a = HFEngine(str(tiny_model), dtype="fp32", batch_size=1).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    b = HFEngine(str(tiny_model), dtype="fp32", batch_size=8).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
     assert [g[0].token_ids for g in a] == [g[0].token_ids for g in b]
     for ga, gb in zip(a, b):
         torch.testing.assert_close(torch.tensor(ga[0].logprobs), torch.tensor(gb[0].logprobs), atol=1e-4, rtol=0)
 
 
-def test_shared_prefill_equals_one_prefill_per_row(tiny_dir, prompts) -> None:
+def test_shared_prefill_equals_one_prefill_per_row(tiny_model, prompts) -> None:
     """A prompt's samples share one prefill (its cache copied per row), also when they straddle
     batches: greedy samples equal the one-row-at-a-time result."""
-    one = HFEngine(str(tiny_dir), dtype="fp32", batch_size=1).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
-    shared = HFEngine(str(tiny_dir), dtype="fp32", batch_size=5).generate(prompts, SamplingParams(n=3, temperature=0, max_tokens=8))
+    one = HFEngine(str(tiny_model), dtype="fp32", batch_size=1).generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    shared = HFEngine(str(tiny_model), dtype="fp32", batch_size=5).generate(prompts, SamplingParams(n=3, temperature=0, max_tokens=8))
     for g1, g3 in zip(one, shared):
         for c in g3:
             assert c.token_ids == g1[0].token_ids
             torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(g1[0].logprobs), atol=1e-4, rtol=0)
 
 
-def test_update_weights_copies_in_place(tiny_dir, prompts) -> None:
-    eng = HFEngine(str(tiny_dir), dtype="fp32")
+def test_update_weights_copies_in_place(tiny_model, prompts) -> None:
+    eng = HFEngine(str(tiny_model), dtype="fp32")
     before = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=6))
     sd = {k: v + 0.5 * torch.randn_like(v) for k, v in eng.model.state_dict().items()}
     eng.update_weights(sd)
@@ -118,10 +118,10 @@ def test_update_weights_copies_in_place(tiny_dir, prompts) -> None:
     assert [g[0].token_ids for g in before] != [g[0].token_ids for g in after]
 
 
-def test_per_request_seeds_do_not_depend_on_the_batch(tiny_dir, prompts) -> None:
+def test_per_request_seeds_do_not_depend_on_the_batch(tiny_model, prompts) -> None:
     """Each prompt samples from its own seeded stream: the same tokens alone or next to others,
     in any order (what an exact resume and a rank-independent draw rely on)."""
-    eng = HFEngine(str(tiny_dir), dtype="fp32", seed=0, batch_size=8)
+    eng = HFEngine(str(tiny_model), dtype="fp32", seed=0, batch_size=8)
     p = SamplingParams(n=2, temperature=1.0, max_tokens=10)
     together = eng.generate(prompts, dataclasses.replace(p, seeds=(11, 22, 33)))
     alone = [eng.generate([pr], dataclasses.replace(p, seeds=(s,)))[0] for pr, s in zip(prompts, (11, 22, 33))]

@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
     logs = tmp_path_factory.mktemp("vllm_server")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -52,7 +52,7 @@ def servers(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     procs, urls = [], []
     for i in range(2):
         port = _free_port()
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_dir), "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model), "--host", "127.0.0.1",
                "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
                "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", "--weight-transfer-config", '{"backend":"nccl"}']
         with open(logs / f"server{i}.log", "wb") as log:
@@ -92,8 +92,8 @@ def server(servers: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(server: str, tiny_dir: Path) -> ServerEngine:
-    return ServerEngine(server + "/v1", str(tiny_dir))
+def client(server: str, tiny_model: Path) -> ServerEngine:
+    return ServerEngine(server + "/v1", str(tiny_model))
 
 
 def test_rollout_shapes_seeds_and_finish_reasons(client: ServerEngine, prompts) -> None:
@@ -117,17 +117,17 @@ def test_rollout_shapes_seeds_and_finish_reasons(client: ServerEngine, prompts) 
     assert stop.finish_reason == "stop" and stop.token_ids == [greedy_first]
 
 
-def test_greedy_matches_transformers(client: ServerEngine, tiny_dir: Path, prompts) -> None:
+def test_greedy_matches_transformers(client: ServerEngine, tiny_model: Path, prompts) -> None:
     p = SamplingParams(temperature=0, max_tokens=16)
     s = client.generate(prompts, p)
-    h = HFEngine(str(tiny_dir), dtype="fp32").generate(prompts, p)
+    h = HFEngine(str(tiny_model), dtype="fp32").generate(prompts, p)
     assert [g[0].token_ids for g in s] == [g[0].token_ids for g in h]
     for gs, gh in zip(s, h):
         torch.testing.assert_close(torch.tensor(gs[0].logprobs), torch.tensor(gh[0].logprobs), atol=1e-4, rtol=0)
 
 
-def test_processed_logprobs_with_temperature(client: ServerEngine, tiny_dir: Path, prompts, hf_logprobs) -> None:
-    model = HFEngine(str(tiny_dir), dtype="fp32").model
+def test_processed_logprobs_with_temperature(client: ServerEngine, tiny_model: Path, prompts, hf_logprobs) -> None:
+    model = HFEngine(str(tiny_model), dtype="fp32").model
     out = client.generate(prompts, SamplingParams(n=2, temperature=0.7, top_k=50, max_tokens=8, seed=1))
     for p, g in zip(prompts, out):
         for c in g:
@@ -142,22 +142,22 @@ def _served_requests(url: str) -> float:
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith("vllm:request_success_total"))
 
 
-def test_prompts_spread_over_servers(servers: list[str], tiny_dir: Path, prompts) -> None:
+def test_prompts_spread_over_servers(servers: list[str], tiny_model: Path, prompts) -> None:
     """Two URLs: prompt i goes to server i mod 2; a prompt's seed follows its index, so the samples
     are those one server gives."""
-    eng = make_engine(EngineOptions(engine=",".join(servers)), str(tiny_dir), seed=0)
-    assert eng.urls == servers and eng.model == str(tiny_dir)
+    eng = make_engine(EngineOptions(engine=",".join(servers)), str(tiny_model), seed=0)
+    assert eng.urls == servers and eng.model == str(tiny_model)
     p = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=11)
     four = prompts + prompts[:1]
     before = [_served_requests(u) for u in servers]
     out = eng.generate(four, p)
     after = [_served_requests(u) for u in servers]
     assert [a - b for a, b in zip(after, before)] == [2 * p.n, 2 * p.n]  # 2 requests each, counted per sequence
-    one = ServerEngine(servers[1], str(tiny_dir)).generate(four, p)
+    one = ServerEngine(servers[1], str(tiny_model)).generate(four, p)
     assert [[c.token_ids for c in g] for g in out] == [[c.token_ids for c in g] for g in one]
 
 
-def test_weight_push_control_plane_and_cpu_error(servers: list[str], tiny_dir: Path, prompts) -> None:
+def test_weight_push_control_plane_and_cpu_error(servers: list[str], tiny_model: Path, prompts) -> None:
     """The RL routes of real dev-mode servers: world sizes (1 worker each: NCCL ranks 1 and 2 after the
     trainer's 0), pause / resume; the push itself needs NCCL, i.e. GPUs: one line says so, and the
     servers keep serving."""
@@ -165,7 +165,7 @@ def test_weight_push_control_plane_and_cpu_error(servers: list[str], tiny_dir: P
 
     if torch.cuda.is_available():
         pytest.skip("with GPUs the push runs (bench/gpu_check.sh)")
-    eng = make_engine(EngineOptions(engine=",".join(servers)), str(tiny_dir), seed=0)
+    eng = make_engine(EngineOptions(engine=",".join(servers)), str(tiny_model), seed=0)
     assert eng.world_sizes() == [1, 1]
 
     def paused() -> list[bool]:
@@ -176,7 +176,7 @@ def test_weight_push_control_plane_and_cpu_error(servers: list[str], tiny_dir: P
     eng.resume()
     assert paused() == [False, False]
     with pytest.raises(ReasonRLError) as e:
-        eng.update_weights(load_causal_lm(tiny_dir).state_dict())
+        eng.update_weights(load_causal_lm(tiny_model).state_dict())
     assert "NCCL" in str(e.value) and "GPUs" in str(e.value) and "\n" not in str(e.value)
     assert paused() == [False, False]
     assert len(eng.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3))[0][0].token_ids) == 3

@@ -19,17 +19,17 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_dir):
+def engine(tiny_model):
     from reasonrl.engines.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512)
+    eng = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
-def hf(tiny_dir) -> HFEngine:
-    return HFEngine(str(tiny_dir), dtype="fp32")
+def hf(tiny_model) -> HFEngine:
+    return HFEngine(str(tiny_model), dtype="fp32")
 
 
 def _check(out, prompts, n: int, max_tokens: int, eos_ids) -> None:
@@ -154,17 +154,17 @@ def test_auto_dtype_follows_the_hardware() -> None:
     assert vllm_dtype("auto") == want
 
 
-def test_engine_sleep_needs_gpus_and_scale_options_are_vllm_only(tiny_dir) -> None:
+def test_engine_sleep_needs_gpus_and_scale_options_are_vllm_only(tiny_model) -> None:
     """--engine-sleep on CPU: a one-line error saying why (vLLM has sleep mode on CUDA/ROCm/XPU only),
     before any engine is built; --engine-tp / --engine-sleep are the vllm engine's options."""
     if torch.cuda.is_available():
         pytest.skip("sleep mode runs on GPUs (bench/gpu_check.sh)")
     with pytest.raises(ReasonRLError) as e:
-        make_engine(EngineOptions(engine="vllm", dtype="fp32", engine_sleep=True), str(tiny_dir), seed=0)
+        make_engine(EngineOptions(engine="vllm", dtype="fp32", engine_sleep=True), str(tiny_model), seed=0)
     assert "--engine-sleep needs GPUs" in str(e.value) and "\n" not in str(e.value)
     for opt in ({"engine_tp": 2}, {"engine_sleep": True}):
         flag = "--" + next(iter(opt)).replace("_", "-")
         with pytest.raises(ReasonRLError, match=f"{flag} does not apply to the hf engine"):
-            make_engine(EngineOptions(engine="hf", **opt), str(tiny_dir), seed=0)
+            make_engine(EngineOptions(engine="hf", **opt), str(tiny_model), seed=0)
     with pytest.raises(ReasonRLError, match="engine_tp must be >= 1"):
         EngineOptions(engine_tp=0)._check_engine()

@@ -16,19 +16,19 @@ from reasonrl.errors import ReasonRLError  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 
-def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_dir, prompts) -> None:
+def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_model, prompts) -> None:
     """A second engine in the same process after the first closes; max_model_len is capped to the
     model's 1024 positions; an option another engine reads (gen_batch_size: hf) is an error, not
     ignored; building the engine leaves torch's RNG state and torch.set_num_threads as they were."""
     from reasonrl.engines.vllm_engine import VLLMEngine
 
-    VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512).close()
+    VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512).close()
     set_num_threads = torch.set_num_threads
     torch.manual_seed(123)
     rng = torch.get_rng_state()
     with pytest.raises(ReasonRLError, match="--gen-batch-size does not apply to the vllm engine"):
-        make_engine(EngineOptions(engine="vllm", dtype="fp32", gen_batch_size=8), str(tiny_dir), seed=0)
-    eng = make_engine(EngineOptions(engine="vllm", dtype="fp32"), str(tiny_dir), seed=0, max_model_len=4096)
+        make_engine(EngineOptions(engine="vllm", dtype="fp32", gen_batch_size=8), str(tiny_model), seed=0)
+    eng = make_engine(EngineOptions(engine="vllm", dtype="fp32"), str(tiny_model), seed=0, max_model_len=4096)
     try:
         # vLLM's in-process side effects are undone: the trainer's RNG state and set_num_threads
         assert torch.equal(torch.get_rng_state(), rng)
@@ -41,7 +41,7 @@ def test_make_engine_builds_vllm_and_refuses_options_of_other_engines(tiny_dir, 
     eng.close()
 
 
-def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_dir) -> None:
+def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_model) -> None:
     """On CPU the engine uses 32-token KV blocks (vLLM's CPU default, 128, caches nothing of a prompt
     shorter than 128 tokens, so every sample of a group prefilled it again). The blocks are a cache
     layout: the same seeded requests give the same tokens and log-probs with vLLM's default."""
@@ -53,7 +53,7 @@ def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_dir) -> 
     p = SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=11)
     out = {}
     for block in (None, 128):
-        eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=512, block_size=block)
+        eng = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512, block_size=block)
         try:
             assert eng.llm.llm_engine.vllm_config.cache_config.block_size == (block or CPU_BLOCK_SIZE)
             out[block] = eng.generate(prompts, p)
@@ -66,16 +66,16 @@ def test_cpu_block_size_shares_short_prompts_and_changes_no_sample(tiny_dir) -> 
     assert diff < 1e-4
 
 
-def test_bf16_engine_takes_fp32_weights(tiny_dir, prompts) -> None:
+def test_bf16_engine_takes_fp32_weights(tiny_model, prompts) -> None:
     """dtype conversion: a bf16 engine loads an fp32 state dict."""
     from reasonrl.engines.vllm_engine import VLLMEngine
     from reasonrl.models import load_causal_lm
 
-    eng = VLLMEngine(str(tiny_dir), dtype="bf16", seed=0, max_model_len=512)
+    eng = VLLMEngine(str(tiny_model), dtype="bf16", seed=0, max_model_len=512)
     try:
         greedy = SamplingParams(temperature=0, max_tokens=8)
         base = eng.generate(prompts, greedy)
-        original = load_causal_lm(tiny_dir, dtype=torch.float32).state_dict()
+        original = load_causal_lm(tiny_model, dtype=torch.float32).state_dict()
         g = torch.Generator().manual_seed(1)
         eng.update_weights({k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in original.items()})
         assert [x[0].token_ids for x in eng.generate(prompts, greedy)] != [x[0].token_ids for x in base]

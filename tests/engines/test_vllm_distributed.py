@@ -53,10 +53,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_one_engine_per_rank_and_the_group_survives(tiny_dir: Path, tmp_path: Path) -> None:
+def test_one_engine_per_rank_and_the_group_survives(tiny_model: Path, tmp_path: Path) -> None:
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT)
-    res = subprocess.run([sys.executable, str(script), str(tiny_dir), str(tmp_path / "init")], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, str(script), str(tiny_model), str(tmp_path / "init")], capture_output=True, text=True,
                          timeout=900, cwd=Path(__file__).resolve().parents[2])
     lines = sorted(line for line in res.stdout.splitlines() if line.startswith("RANK"))
     assert res.returncode == 0, res.stderr[-3000:]

@@ -85,11 +85,11 @@ def _torchrun(nproc: int) -> list[str]:
     return ([str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]) + ["--nproc_per_node", str(nproc), "--master_port", str(port)]
 
 
-def test_tp2_group_generates_like_one_process(tiny_dir: Path, tmp_path: Path) -> None:
+def test_tp2_group_generates_like_one_process(tiny_model: Path, tmp_path: Path) -> None:
     script = tmp_path / "tp.py"
     script.write_text(SCRIPT)
-    _run([sys.executable, str(script), str(tiny_dir), str(tmp_path / "one.json")])
-    _run(_torchrun(2) + [str(script), str(tiny_dir), str(tmp_path / "tp2.json")])
+    _run([sys.executable, str(script), str(tiny_model), str(tmp_path / "one.json")])
+    _run(_torchrun(2) + [str(script), str(tiny_model), str(tmp_path / "tp2.json")])
     (one,), (r0, r1) = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "tp2.json").read_text())
     assert len(one["sampled"]) == 4 and all(len(g) == 2 and g[0] != g[1] for g in one["sampled"])  # seeded sampling, 2 distinct samples
     assert r0["sampled"] + r1["sampled"] == one["sampled"]  # rank 0 kept its 1 prompt, rank 1 its 3: the union, as one process

@@ -34,15 +34,15 @@ def _train(model, ids: list[int], n_prompt: int, steps: int = 80) -> None:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_dir):
+def engine(tiny_model):
     from reasonrl.engines.vllm_engine import VLLMEngine
 
-    eng = VLLMEngine(str(tiny_dir), dtype="fp32", seed=0, max_model_len=1024)
+    eng = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=1024)
     yield eng
     eng.close()
 
 
-def test_weight_sync_after_training(engine, tiny_dir, tiny_tok, hf_logprobs) -> None:
+def test_weight_sync_after_training(engine, tiny_model, tiny_tok, hf_logprobs) -> None:
     from reasonrl.models import load_causal_lm
 
     prompt = tiny_tok(PROMPT, add_special_tokens=False)["input_ids"]
@@ -57,7 +57,7 @@ def test_weight_sync_after_training(engine, tiny_dir, tiny_tok, hf_logprobs) -> 
     before_again = engine.generate(prompts, greedy)  # (the long prompt now sits in the prefix cache)
     assert [g[0].token_ids for g in before] == [g[0].token_ids for g in before_again]
 
-    model = load_causal_lm(tiny_dir, dtype=torch.float32)
+    model = load_causal_lm(tiny_model, dtype=torch.float32)
     _train(model, prompt + target, len(prompt))
     engine.update_weights(model.state_dict())
     after = engine.generate(prompts, greedy)
@@ -71,7 +71,7 @@ def test_weight_sync_after_training(engine, tiny_dir, tiny_tok, hf_logprobs) -> 
         want = hf_logprobs(model, p, g[0].token_ids, temperature=0)
         torch.testing.assert_close(torch.tensor(g[0].logprobs), want, atol=1e-4, rtol=0)
     # (c) greedy tokens equal the transformers engine's on the trained model
-    hf = HFEngine(str(tiny_dir), dtype="fp32", model=model).generate(prompts, greedy)
+    hf = HFEngine(str(tiny_model), dtype="fp32", model=model).generate(prompts, greedy)
     assert [g[0].token_ids for g in after] == [g[0].token_ids for g in hf]
     assert [g[0].finish_reason for g in after] == [g[0].finish_reason for g in hf]
     # sampling logprobs follow too (temperature-processed)
@@ -82,12 +82,12 @@ def test_weight_sync_after_training(engine, tiny_dir, tiny_tok, hf_logprobs) -> 
             torch.testing.assert_close(torch.tensor(c.logprobs), want, atol=1e-4, rtol=0)
 
 
-def test_update_without_lm_head_and_back_to_the_original(engine, tiny_dir, prompts) -> None:
+def test_update_without_lm_head_and_back_to_the_original(engine, tiny_model, prompts) -> None:
     """Tied embeddings: ``lm_head.weight`` may be absent. Reloading the original weights restores
     the original outputs exactly; noise on every weight changes them."""
     from reasonrl.models import load_causal_lm
 
-    original = load_causal_lm(tiny_dir, dtype=torch.float32).state_dict()
+    original = load_causal_lm(tiny_model, dtype=torch.float32).state_dict()
     engine.update_weights(original)
     greedy = SamplingParams(temperature=0, max_tokens=12)
     base = engine.generate(prompts, greedy)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from reasonrl.evaluation.metrics import pass_at_k
+from reasonrl.evaluation.scores import pass_at_k
 
 
 def _binomial(n: int, c: int, k: int) -> float:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clihelp import assert_user_error, run_cli
-from reasonrl.evaluation.metrics import bootstrap_ci
+from reasonrl.evaluation.scores import bootstrap_ci
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 FAST = ["--engine", "hf", "--dtype", "fp32", "--max-response-len", "8", "--bootstrap", "200"]

@@ -20,11 +20,6 @@ SMALL = ["--engine", "hf", "--dtype", "fp32", "--group-size", "4", "--max-respon
 TRAIN = ["--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "4", "--overlong-cache-len", "4", "--lr", "1e-4", *SMALL]
 
 
-@pytest.fixture(scope="module")
-def prepared(toy_prepared):
-    return toy_prepared
-
-
 def jsonl(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 

@@ -27,7 +27,7 @@ HPARAMS = dict(lr=2e-3, weight_decay=0.1, grad_clip=0.5, warmup_steps=2)
 
 
 def fixed_groups(vocab: int, seed: int = 0) -> list[list[Any]]:
-    from reasonrl.samples import Sample
+    from reasonrl.rollouts import Sample
 
     rng = random.Random(seed)
     groups = []

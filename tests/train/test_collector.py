@@ -34,7 +34,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, n: int, out: dict)
     from reasonrl.engines.hf import HFEngine
     from reasonrl.models.loading import load_tokenizer
     from reasonrl.train.collector import Collector, DataStream
-    from reasonrl.train.metrics import rollout_metrics
+    from reasonrl.train.step_metrics import rollout_metrics
     from reasonrl.train.ranks import Ranks
     from toyhelp import toy_rows
 

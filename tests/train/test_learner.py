@@ -9,7 +9,7 @@ import random
 import pytest
 
 from reasonrl.algos import Sampling, get_algo
-from reasonrl.samples import Sample
+from reasonrl.rollouts import Sample
 
 
 def _groups(vocab: int, n_groups: int = 2, g: int = 4, seed: int = 0, truncate_every: int = 0) -> list[list[Sample]]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from reasonrl.algos import Sampling, get_algo
-from reasonrl.samples import Sample
+from reasonrl.rollouts import Sample
 
 
 def _groups(vocab: int, n_groups: int = 3, g: int = 4, seed: int = 0, prompt_len: tuple[int, int] = (3, 9)) -> list[list[Sample]]:
@@ -63,7 +63,7 @@ def _run(model_dir, spec, *, fuse: bool, micro: int = 3, epochs: int = 1, mini: 
 
         cb = TorchBackend(new_value_model(model_dir, seed=0), lr=1e-3, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, dtype="fp32")
     learner = Learner(spec=spec, policy=policy, policy_backend=pb, critic_backend=cb, ref_model=load_causal_lm(model_dir).eval() if ref else None,
-                      sampling=Sampling(0.9, -1, 1.0), pad_id=tok.pad_token_id, max_len=12, micro_batch_size=micro, mini_batch_size=mini or n,
+                      sampling=Sampling(temperature=0.9), pad_id=tok.pad_token_id, max_len=12, micro_batch_size=micro, mini_batch_size=mini or n,
                       ppo_epochs=epochs, dtype="fp32", seed=0, fuse_old_logp=fuse)
     st = learner.prepare(groups)
     prepare_calls = calls.n

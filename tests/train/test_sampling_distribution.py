@@ -7,7 +7,7 @@ import pytest
 
 from reasonrl.algos import Sampling, get_algo
 from reasonrl.engines.base import SamplingParams
-from reasonrl.samples import Sample
+from reasonrl.rollouts import Sample
 
 SETTINGS = [(1.0, 1.0, -1), (0.6, 1.0, -1), (1.0, 0.7, -1), (0.8, 0.9, 20)]
 
@@ -46,7 +46,7 @@ def test_hf_engine_and_trainer_agree(format_model, temperature, top_p, top_k) ->
     engine = HFEngine(str(format_model), dtype="fp32", seed=0, batch_size=16)
     params = SamplingParams(n=4, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=24, seed=1)
     groups = _groups(engine, load_tokenizer(format_model), params)
-    st = _trainer_view(format_model, groups, Sampling(temperature, top_k, top_p))
+    st = _trainer_view(format_model, groups, Sampling(temperature=temperature, top_p=top_p, top_k=top_k))
     assert _gap(st) <= 1e-5
     assert st.metrics["rollout/logprob_diff_max"] <= 1e-5 and st.metrics["rollout/mismatch_kl"] <= 1e-9
     if (temperature, top_p, top_k) != (1.0, 1.0, -1):
@@ -70,6 +70,6 @@ def test_vllm_engine_and_trainer_agree(format_model, temperature, top_p, top_k) 
         groups = _groups(engine, load_tokenizer(format_model), params)
     finally:
         engine.close()
-    st = _trainer_view(format_model, groups, Sampling(temperature, top_k, top_p))
+    st = _trainer_view(format_model, groups, Sampling(temperature=temperature, top_p=top_p, top_k=top_k))
     print(f"vLLM vs trainer at T={temperature} top_p={top_p} top_k={top_k}: max |Δ logprob| = {_gap(st):.2e}")
     assert _gap(st) <= VLLM_TOL

@@ -1,5 +1,6 @@
 """What a step logs: rollout statistics over every generated response of every rank, the kept
-batch, dynamic sampling's counts, VC-PPO's by-position picture; the console line; ``metrics.jsonl``.
+batch, dynamic sampling's counts, VC-PPO's by-position picture; the console line (``metrics.jsonl`` is
+``reasonrl.tracking.RunLog``'s).
 
 Names are namespaced the way verl users read them: ``rollout/…`` (what was sampled and scored),
 ``actor/…`` (the policy update), ``critic/…`` (the value model), ``perf/…`` (throughput and time);
@@ -7,15 +8,13 @@ Names are namespaced the way verl users read them: ``rollout/…`` (what was sam
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from reasonrl.algos.metrics import explained_variance, mean_by_position
+from reasonrl.algos.diagnostics import explained_variance, mean_by_position
 from reasonrl.train.collector import Collected
-from reasonrl.train.learner import StepTensors
+from reasonrl.train.passes import StepTensors
 from reasonrl.train.ranks import Ranks
 
 
@@ -84,11 +83,6 @@ def position_metrics(st: StepTensors, n_bins: int = 16) -> dict[str, Any]:
         if st.returns is not None:
             m["critic/explained_variance"] = float(explained_variance(st.values, st.returns, st.batch.valid))
     return m
-
-
-def append_jsonl(path: Path, rec: dict[str, Any]) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec, default=float) + "\n")
 
 
 def log_line(step: int, steps: int, m: dict[str, Any]) -> str:

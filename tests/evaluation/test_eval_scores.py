@@ -8,7 +8,7 @@ from math import comb
 
 import pytest
 
-from reasonrl.evaluation.metrics import (
+from reasonrl.evaluation.scores import (
     pass_at_k,
     _quantile,
     avg_at_n,

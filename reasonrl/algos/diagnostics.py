@@ -11,7 +11,7 @@ from torch import Tensor
 
 from reasonrl.algos.masked import as_bool_mask
 
-__all__ = ["clip_by_prob_bucket", "mean_by_position", "explained_variance", "DEFAULT_PROB_EDGES"]
+__all__ = ["clip_by_prob_bucket", "mean_by_position", "explained_variance", "DEFAULT_PROB_EDGES", "add_clip_counts", "clip_fractions_from_counts"]
 
 DEFAULT_PROB_EDGES: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 """(0.0, 0.1, ..., 1.0): ten probability buckets."""
@@ -135,3 +135,30 @@ def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> float:
     if float(var_t) <= 0.0:
         return 0.0
     return float(1.0 - d.var(unbiased=False) / var_t)
+
+
+def add_clip_counts(counts: dict[str, float], buckets: dict[str, float]) -> None:
+    """Add one :func:`clip_by_prob_bucket` result to ``counts`` as token counts: each bucket's
+    ``tokens/{b}`` and its upper- and lower-clipped tokens (``clip_upper/{b}`` × tokens, same for
+    ``clip_lower``), so the counts of several calls (micro-batches; ranks, summed) give the clip
+    fractions of all their tokens together (:func:`clip_fractions_from_counts`)."""
+    for k, v in buckets.items():
+        if k.startswith("tokens/"):
+            b = k[len("tokens/"):]
+            counts[k] = counts.get(k, 0.0) + v
+            for kind in ("clip_upper", "clip_lower"):
+                counts[f"{kind}/{b}"] = counts.get(f"{kind}/{b}", 0.0) + buckets.get(f"{kind}/{b}", 0.0) * v
+
+
+def clip_fractions_from_counts(counts: dict[str, float]) -> dict[str, float]:
+    """The clip fractions by probability bucket of counts made by :func:`add_clip_counts`:
+    ``tokens/{b}`` the bucket's tokens, ``clip_upper/{b}`` / ``clip_lower/{b}`` the share of them
+    clipped (0.0 for an empty bucket)."""
+    out: dict[str, float] = {}
+    for k, n in counts.items():
+        if k.startswith("tokens/"):
+            b = k[len("tokens/"):]
+            out[k] = n
+            for kind in ("clip_upper", "clip_lower"):
+                out[f"{kind}/{b}"] = counts.get(f"{kind}/{b}", 0.0) / n if n else 0.0
+    return out

@@ -75,11 +75,6 @@ def prompt_text(row: dict[str, Any], tokenizer: Any) -> str:
     return "\n".join(m["content"] for m in messages) + "\n"
 
 
-def ground_truth(row: dict[str, Any]) -> str:
-    rm = row.get("reward_model") or {}
-    return str(rm.get("ground_truth", row.get("answer", "")))
-
-
 def generate_rollouts(
     engine: GenerationEngine,
     tokenizer: Any,
@@ -100,6 +95,8 @@ def generate_rollouts(
     Progress goes to ``display`` (a ``reasonrl.progress.Display``; default: the current one, if
     any): a generation bar fed by the engine's ``progress`` callback (responses done of all, tok/s,
     ETA) and a scoring line. Without a display the engine gets one plain call, as always."""
+    from reasonrl.data.prepared import ground_truth  # (reasonrl.data imports sympy: lazily)
+
     stats = RolloutStats()
     texts, ids, kept = [], [], []
     for i, row in enumerate(rows):

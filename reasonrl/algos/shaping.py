@@ -8,10 +8,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["overlong_penalty", "informative_groups"]
+__all__ = ["soft_overlong_punishment", "informative_groups"]
 
 
-def overlong_penalty(lengths: Tensor | Sequence[int], *, max_len: int, cache_len: int) -> Tensor:
+def soft_overlong_punishment(lengths: Tensor | Sequence[int], *, max_len: int, cache_len: int) -> Tensor:
     """Soft overlong punishment R_len(y) (DAPO eq. 13), added to the outcome reward.
 
                   0                                   |y| <= L_max - L_cache

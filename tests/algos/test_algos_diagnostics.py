@@ -129,3 +129,25 @@ def test_masked_helpers() -> None:
     wy = masked_whiten(y, mm)
     assert masked_mean(wy, mm).item() == pytest.approx(0.0, abs=1e-9)
     assert masked_var(wy, mm).item() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_clip_counts_of_parts_give_the_fractions_of_the_whole() -> None:
+    """Micro-batches' clip counts, added up, give the clip fractions of their tokens together."""
+    from reasonrl.algos.diagnostics import add_clip_counts, clip_fractions_from_counts
+
+    g = torch.Generator().manual_seed(2)
+    B, T = 8, 30
+    logp_old = torch.log(torch.rand(B, T, generator=g).clamp(min=1e-4))
+    logp = logp_old + torch.randn(B, T, generator=g) * 0.4
+    adv = torch.randn(B, generator=g)
+    m = prefix_mask(B, T, seed=3)
+    loss = policy_loss(logp, logp_old, adv, m, eps_low=0.2, eps_high=0.28)
+    whole = clip_by_prob_bucket(logp_old, loss.clip_upper, loss.clip_lower, m)
+    counts: dict[str, float] = {}
+    for rows in (slice(0, 3), slice(3, 8)):
+        add_clip_counts(counts, clip_by_prob_bucket(logp_old[rows], loss.clip_upper[rows], loss.clip_lower[rows], m[rows]))
+    got = clip_fractions_from_counts(counts)
+    assert set(got) == {k for k in whole if k.split("/")[0] in ("tokens", "clip_upper", "clip_lower") and k.split("/")[1].startswith("p")}
+    for k, v in got.items():
+        assert v == pytest.approx(whole[k], abs=1e-6), k
+    assert any(v > 0 for k, v in got.items() if k.startswith("clip_upper/"))  # something was clipped
