@@ -92,7 +92,7 @@ class EngineOptions:
     non-default value of an option the chosen engine does not read is an error, never ignored.
     """
 
-    engine: str = opt("auto", "Generation engine: 'vllm', 'hf' (transformers), 'auto' (vLLM when installed), or vLLM server URLs (http://HOST:PORT[,http://HOST2:PORT]: prompts spread over them; training pushes the weights to each, see the README's Scale section).")
+    engine: str = opt("auto", "Generation engine: 'vllm', 'hf' (transformers), 'auto' (vLLM when installed), or vLLM server URLs (http://HOST:PORT[,http://HOST2:PORT]: prompts spread over them; training pushes the weights to each, see docs/scale.md).")
     dtype: str = opt("auto", "Compute dtype: 'auto' (bf16 where the hardware computes in it, else fp32), 'bf16', 'fp16' or 'fp32'.")
     gen_batch_size: int = opt(64, "hf engine: rows (prompt × sample) decoded together (memory vs speed).")
     kv_cache_gib: float | None = opt(None, "vllm engine on CPU: KV cache size in GiB (default 2, or $VLLM_CPU_KVCACHE_SPACE).")

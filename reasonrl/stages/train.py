@@ -30,7 +30,7 @@ from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackO
 class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
-    algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in the README).")
+    algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in docs/algorithms.md).")
     algo_overrides: dict = section(A.AlgoSpec, "Fields of the --algo row to change for this run (--eps-high 0.3, [algo] table, --set algo.eps_high=0.3).",
                                    table="algo", name_field="algo")
     critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo and vapo); ppo starts a fresh one from the policy when omitted.")

@@ -4,7 +4,7 @@ batch, dynamic sampling's counts, VC-PPO's by-position picture; the console line
 
 Names are namespaced the way verl users read them: ``rollout/…`` (what was sampled and scored),
 ``actor/…`` (the policy update), ``critic/…`` (the value model), ``perf/…`` (throughput and time);
-``val/…`` is evaluation's. The README's glossary lists every name."""
+``val/…`` is evaluation's. docs/metrics.md lists every name."""
 
 from __future__ import annotations
 
