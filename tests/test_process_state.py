@@ -9,7 +9,7 @@ import random
 def test_process_state_restores_what_a_test_changed():
     import torch
 
-    from conftest import ProcessState
+    from isolation import ProcessState
 
     state = ProcessState()
     threads, draw = torch.get_num_threads(), torch.rand(1)

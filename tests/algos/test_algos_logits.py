@@ -291,7 +291,7 @@ def test_sampling_keeps_the_tokens_vllms_cpu_sampler_keeps_where_ties_straddle_t
         kk = torch.full((n,), k, dtype=torch.int32) if 0 < k < V else None
         pp = torch.full((n,), p, dtype=torch.float32) if p < 1.0 else None
         want = apply_top_k_top_p(scaled, kk, pp)
-        got = sampling_logits(rows, Sampling(T, k, p))
+        got = sampling_logits(rows, Sampling(temperature=T, top_k=k, top_p=p))
         assert torch.equal(torch.isfinite(got), torch.isfinite(want)), (T, k, p)
         kept = torch.isfinite(want)
         torch.testing.assert_close(torch.log_softmax(got, -1)[kept], torch.log_softmax(want, -1)[kept], rtol=0, atol=1e-6)
