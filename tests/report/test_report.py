@@ -123,7 +123,7 @@ def test_report_html_in_headless_chromium_shows_every_figure(main_job, tmp_path)
     assert colours is not None and len(colours) > 50  # text, axes, curves: far from a uniform page
     dark = sum(c for c, rgb in colours if sum(rgb) < 300)
     assert dark > 0.002 * im.width * im.height
-    shutil.copy(shot, out / "report" / "chromium-screenshot.png")  # kept next to the report for a look
+    shutil.copy(shot, out / "chromium-screenshot.png")  # kept beside the report for a look (not in it: another test lists its PNGs)
 
 
 @pytest.fixture(scope="module")
