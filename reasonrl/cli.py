@@ -20,6 +20,7 @@ import typer
 from reasonrl import console
 from reasonrl.config import base_type, build_config, load_recipe, parse_sets, recipe_layer, sections
 from reasonrl.errors import ReasonRLError
+from reasonrl.rundir import write_failure
 
 app = typer.Typer(
     name="reasonrl",
@@ -110,6 +111,9 @@ class _user_errors:
             msg = "interrupted (outputs without manifest.json are incomplete: rerun the stage)"
         elif issubclass(et, MemoryError):
             msg = "out of memory: lower --micro-batch-size / --gen-batch-size or --max-response-len"
+        elif issubclass(et, OSError):  # a read or write no stage turned into its own message
+            where = f" on {e.filename}" if getattr(e, "filename", None) else ""
+            msg = f"a file operation failed{where}: {write_failure(e)}; outputs without manifest.json are incomplete"
         else:
             return False
         typer.echo(f"error: {msg}", err=True)

@@ -16,11 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
+from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.errors import ReasonRLError
 from reasonrl.evaluation.sets import EVAL_SETS
+from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import DecodeOpts, ModelOpts, TrackOpts
+from reasonrl.tracking.base import TRACKER_OUTPUTS
+
+#: What `eval` writes in its directory (a rerun removes them first; the manifest comes last).
+OUTPUTS = ("samples.jsonl", "results.json", *TRACKER_OUTPUTS)
+
 
 @dataclass
 class EvalConfig(ModelOpts, DecodeOpts, TrackOpts):
@@ -146,6 +152,7 @@ def val_metrics(results: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+@releases_claims
 def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) -> dict[str, Any]:
     import functools
 
@@ -173,7 +180,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
                       f"{', '.join(f'{k} × {v}' for k, v in problems.rows_per_problem().items())}); {cfg.n} samples per problem")
     if len(rows) < len(problems.rows):
         console.print(f"evaluating the first {len(rows)} of {len(problems.rows)} distinct problems (--max-problems)")
-    out = prepare_out_dir(cfg.out, overwrite=cfg.overwrite)
+    run = open_output(cfg.out, stage="eval", outputs=OUTPUTS, overwrite=cfg.overwrite, inputs=(cfg.model, cfg.dataset))
+    out = run.path
     vers = versions()
     gen = open_generation(cfg)
     vote_stats = ScoreStats()
@@ -233,17 +241,18 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         "template": _template_used(cfg),
         "model_weights_sha256": hash_weights(gen.model_dir),
     }
-    with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
-        for g in groups:
-            for j, s in enumerate(g):
-                f.write(json.dumps({"problem": s.prompt_index, "where": rows[s.prompt_index]["extra_info"]["where"], "sample": j,
-                                    "source": s.data_source, "ground_truth": s.ground_truth,
-                                    "extracted": s.extracted, "correct": s.correct, "finish_reason": s.finish_reason,
-                                    "length": s.length, "response": s.response}) + "\n")
-    write_json(out / "results.json", results)
-    with RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg)) as runlog:
-        runlog.log(0, val_metrics(results))
-    write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)})
+    with run.writing(OUTPUTS):
+        with open(out / "samples.jsonl", "w", encoding="utf-8") as f:
+            for g in groups:
+                for j, s in enumerate(g):
+                    f.write(json.dumps({"problem": s.prompt_index, "where": rows[s.prompt_index]["extra_info"]["where"], "sample": j,
+                                        "source": s.data_source, "ground_truth": s.ground_truth,
+                                        "extracted": s.extracted, "correct": s.correct, "finish_reason": s.finish_reason,
+                                        "length": s.length, "response": s.response}) + "\n")
+        write_json(out / "results.json", results)
+        with RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg)) as runlog:
+            runlog.log(0, val_metrics(results))
+        write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)})
     table = Table(title=title or f"eval {cfg.dataset}: {len(groups)} problems × {cfg.n} samples ({len(flat)} responses) — {gen.model_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")

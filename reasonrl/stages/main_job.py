@@ -17,6 +17,7 @@ from typing import Any
 from reasonrl.bundled import bundled
 from reasonrl.config import build_config, check, load_recipe, opt, recipe_layer
 from reasonrl.errors import ReasonRLError
+from reasonrl.rundir import claim, releases_claims
 from reasonrl.stages.options import TrackOpts
 
 
@@ -52,6 +53,7 @@ def _stage_cfg(cls: type, recipes: Path, name: str, stage: str, **over: Any) -> 
     return build_config(cls, recipe_layer(recipe, stage, cls), {k: v for k, v in over.items() if v is not None})
 
 
+@releases_claims
 def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
@@ -65,6 +67,7 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     console = console or Console()
     t0 = time.perf_counter()
     out = Path(cfg.out)
+    claim(out, stage="main-job", inputs=(cfg.model, cfg.data))  # its folder (each stage below claims its own sub-directory)
     recipes = Path(cfg.recipes) if cfg.recipes else recipes_dir()
     data_file = cfg.data or str(bundled("addition.jsonl"))
     common = {"model": cfg.model, "engine": cfg.engine, "seed": cfg.seed, "quiet": cfg.quiet, "report_to": cfg.report_to}

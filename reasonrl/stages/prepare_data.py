@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.artifacts import MANIFEST, prepare_out_dir, write_json, write_manifest
+from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.data.decontaminate import EvalIndex, normalise_text
 from reasonrl.data.prepared import SPLITS, STAGE
@@ -33,6 +33,7 @@ from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.errors import ReasonRLError
 from reasonrl.evaluation.sets import EVAL_SETS
 from reasonrl.progress import Display, open_bar
+from reasonrl.rundir import RunDir, claim, releases_claims
 from reasonrl.stages.options import ProgressOpts
 
 MAX_BAD_ROWS_LISTED = 50
@@ -203,6 +204,7 @@ def _verl_row(row: _Row, split: str, index: int, template: str) -> dict[str, Any
     }
 
 
+@releases_claims
 def run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
@@ -242,7 +244,7 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
     """
     files = _input_files(cfg)
     eval_index, eval_paths = _load_eval_index(cfg)
-    out_path = _checked_output(cfg, files)
+    run = _checked_output(cfg, files)
     read = _read_and_integerize(cfg, files, rewriter)
     kept = _dedupe_and_decontaminate(read.kept, eval_index)
     rules, samples = _rule_counts(kept.final, cfg.sample_per_rule)
@@ -273,7 +275,7 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         "samples": samples,
         "dropped_samples": read.dropped_samples,
     }
-    _write(cfg, out_path, files, eval_paths, split_rows, report)
+    _write(cfg, run, files, eval_paths, split_rows, report)
     return report
 
 
@@ -285,17 +287,13 @@ def _input_files(cfg: PrepareConfig) -> list[tuple[str, Path]]:
     return files
 
 
-def _checked_output(cfg: PrepareConfig, files: list[tuple[str, Path]]) -> Path:
-    """--out, checked: not a file, holding no input, and no finished artifact unless --overwrite."""
-    out_path = Path(cfg.out)
-    if out_path.exists() and not out_path.is_dir():
-        raise ReasonRLError(f"output {out_path} is a file: choose a directory with --out")
-    inside = [f for _, f in files if out_path.resolve() in f.resolve().parents]
-    if inside:
-        raise ReasonRLError(f"--out {out_path} holds the input {inside[0]}: writing there could overwrite it; choose another --out")
-    if (out_path / MANIFEST).exists() and not cfg.overwrite:
-        raise ReasonRLError(f"{out_path} already holds a finished artifact: pass --overwrite or choose another --out")
-    return out_path
+def _checked_output(cfg: PrepareConfig, files: list[tuple[str, Path]]) -> RunDir:
+    """--out, claimed (``reasonrl.rundir``): not a file, holding no input, no one else's files, and no
+    finished artifact unless --overwrite. Nothing in it is removed until the write."""
+    run = claim(cfg.out, stage=STAGE, inputs=[f for _, f in files])
+    if run.finished and not cfg.overwrite:
+        raise ReasonRLError(f"{cfg.out} already holds a finished artifact: pass --overwrite or choose another --out")
+    return run
 
 
 @dataclass
@@ -451,17 +449,20 @@ def _split(final: list[_Row], cfg: PrepareConfig) -> dict[str, list[dict[str, An
     return split_rows
 
 
-def _write(cfg: PrepareConfig, out_path: Path, files: list[tuple[str, Path]], eval_paths: dict[str, list[Path]],
+def _write(cfg: PrepareConfig, run: RunDir, files: list[tuple[str, Path]], eval_paths: dict[str, list[Path]],
            split_rows: dict[str, list[dict[str, Any]]], report: dict[str, Any]) -> None:
     """Everything is validated: now write. The old manifest goes first, so a crash while writing
     never leaves a manifest next to half-written files."""
-    out = prepare_out_dir(out_path, overwrite=cfg.overwrite)
-    for split in SPLITS:
-        _write_parquet(out / f"{split}.parquet", split_rows[split])
-    write_json(out / "report.json", report)
-    inputs: dict[str, str | Path | None] = {f"input{i}": f for i, (_, f) in enumerate(files)}
-    inputs.update({f"decontaminate:{k}:{p.name}": p for k, v in eval_paths.items() for p in v})
-    write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
+    out = run.path
+    outputs = [*(f"{split}.parquet" for split in SPLITS), "report.json"]
+    run.clear(outputs)
+    with run.writing(outputs):
+        for split in SPLITS:
+            _write_parquet(out / f"{split}.parquet", split_rows[split])
+        write_json(out / "report.json", report)
+        inputs: dict[str, str | Path | None] = {f"input{i}": f for i, (_, f) in enumerate(files)}
+        inputs.update({f"decontaminate:{k}:{p.name}": p for k, v in eval_paths.items() for p in v})
+        write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
 
 
 def _sample(store: dict[str, list[Any]], key: str, value: Any, limit: int) -> None:

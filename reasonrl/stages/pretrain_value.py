@@ -17,6 +17,7 @@ the critic is loaded for training: the policy is sampled by the engine and never
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +26,16 @@ from typing import Any
 import torch
 
 from reasonrl import algos as A
-from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
+from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
+from reasonrl.rundir import open_output, releases_claims
+from reasonrl.tracking.base import TRACKER_OUTPUTS
 from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
                                       training_rows)
+
+
+#: What `pretrain-value` writes in its directory (a rerun removes them first; the manifest comes last).
+OUTPUTS = ("critic", "metrics.jsonl", "bias.json", "summary.json", *TRACKER_OUTPUTS)
 
 
 @dataclass
@@ -101,6 +108,7 @@ def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
     return m
 
 
+@releases_claims
 def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
@@ -123,9 +131,9 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     rank, world = start_ranks(cfg)
     ranks = Ranks(rank, world)
     out = Path(cfg.out)
-    if rank == 0:
-        prepare_out_dir(out, overwrite=cfg.overwrite)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    run = None
+    if rank == 0:  # rank 0 holds the output directory for the whole job
+        run = open_output(out, stage="pretrain-value", outputs=OUTPUTS, overwrite=cfg.overwrite, inputs=(cfg.data, policy_dir, init_dir))
     if world > 1:
         torch.distributed.barrier()
     torch.manual_seed(cfg.seed)
@@ -144,7 +152,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     label = "in-sample: no validation split, drawn from the training rows" if in_sample else "held-out: the validation split"
     history: list[dict[str, Any]] = []
     bar = display.bar("pretrain-value", cfg.steps, unit="value steps")
-    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), rank=rank)
+    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), rank=rank, then="the run stops (no manifest): rerun `reasonrl pretrain-value`")
     try:
         display.start()
         status("held-out batch: generate + score")
@@ -180,15 +188,16 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
         runlog.close()
         scorer.close()
         engine.close()
-    critic_backend.save_model(out / "critic", tok)  # every rank: ZeRO-3 gathers the shards
-    summary = {"steps": cfg.steps, "before": flatten_metrics(before), "after": flatten_metrics(after), "last": flatten_metrics(history[-1]) if history else {}}
-    if rank == 0:
-        bias = {"before": before, "after": after, "held_out": "in-sample" if in_sample else "validation", "held_out_prompts": len(held_groups),
-                "held_out_responses": sum(len(g) for g in held_groups)}
-        write_json(out / "bias.json", bias)
-        write_json(out / "summary.json", summary)
-        write_manifest(out, "pretrain-value", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir)},
-                       extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world})
+    with run.writing(OUTPUTS) if run is not None else contextlib.nullcontext():
+        critic_backend.save_model(out / "critic", tok)  # every rank: ZeRO-3 gathers the shards
+        summary = {"steps": cfg.steps, "before": flatten_metrics(before), "after": flatten_metrics(after), "last": flatten_metrics(history[-1]) if history else {}}
+        if rank == 0:
+            bias = {"before": before, "after": after, "held_out": "in-sample" if in_sample else "validation", "held_out_prompts": len(held_groups),
+                    "held_out_responses": sum(len(g) for g in held_groups)}
+            write_json(out / "bias.json", bias)
+            write_json(out / "summary.json", summary)
+            write_manifest(out, "pretrain-value", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir)},
+                           extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world})
     say(f"critic → {out / 'critic'} | {'in-sample' if in_sample else 'held-out'} value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
         f"explained variance {before.get('explained_variance', 0):.3f} → {after.get('explained_variance', 0):.3f}")
     if world > 1:

@@ -11,6 +11,7 @@ from typing import Any
 
 from reasonrl.artifacts import write_manifest
 from reasonrl.config import check, opt, to_dict
+from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import ProgressOpts
 
 
@@ -26,17 +27,23 @@ class ReportConfig(ProgressOpts):
         check(self.smooth >= 0, "smooth must be >= 0")
 
 
+@releases_claims
 def run_report(cfg: ReportConfig, console: Any = None) -> Any:
     from rich.console import Console
 
     from reasonrl.progress import Display
-    from reasonrl.report import build_report
+    from reasonrl.report import FIGURES, build_report
 
     console = console or Console(stderr=True)
-    with Display(console, quiet=cfg.quiet):
-        rep = build_report(cfg.runs, cfg.out, smooth=cfg.smooth, title=cfg.title)
-    inputs = {f"{r.label}/{f}": r.path / f for r in rep.runs for f in ("metrics.jsonl", "bias.json", "results.json") if (r.path / f).is_file()}
-    write_manifest(rep.out, "report", to_dict(cfg), inputs, extra={"figures": [p.name for p in rep.figures], "skipped": rep.skipped})
+    # the old manifest first, then every figure and the page: a rerun killed midway leaves no manifest
+    # beside a mix of old and new figures
+    outputs = ("report.html", *(f"{f.name}.png" for f in FIGURES))
+    run = open_output(cfg.out, stage="report", outputs=outputs, overwrite=True, inputs=cfg.runs)
+    with run.writing(outputs):
+        with Display(console, quiet=cfg.quiet):
+            rep = build_report(cfg.runs, cfg.out, smooth=cfg.smooth, title=cfg.title)
+        inputs = {f"{r.label}/{f}": r.path / f for r in rep.runs for f in ("metrics.jsonl", "bias.json", "results.json") if (r.path / f).is_file()}
+        write_manifest(rep.out, "report", to_dict(cfg), inputs, extra={"figures": [p.name for p in rep.figures], "skipped": rep.skipped})
     console.print(f"report: {len(rep.runs)} run(s), {len(rep.figures)} figures" + (f", not drawn: {', '.join(rep.skipped)}" if rep.skipped else "")
                   + f" → {rep.html}")
     return rep

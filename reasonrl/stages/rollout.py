@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from reasonrl.artifacts import prepare_out_dir, write_json, write_manifest
+from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
+from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import ModelOpts, ProgressOpts, RolloutOpts, open_generation
 
 
@@ -25,6 +26,7 @@ class RolloutConfig(ModelOpts, RolloutOpts, ProgressOpts):
         check(self.num_prompts is None or self.num_prompts >= 1, "num_prompts must be >= 1")
 
 
+@releases_claims
 def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     import random
 
@@ -40,7 +42,9 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     if cfg.num_prompts is not None:
         random.Random(cfg.seed).shuffle(rows)
         rows = rows[: cfg.num_prompts]
-    out = prepare_out_dir(cfg.out, overwrite=cfg.overwrite)
+    outputs = ("rollouts.parquet", "summary.json")
+    run = open_output(cfg.out, stage="rollout", outputs=outputs, overwrite=cfg.overwrite, inputs=(cfg.data, cfg.model))
+    out = run.path
     gen = open_generation(cfg)
     try:
         params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len, seed=cfg.seed)
@@ -50,7 +54,8 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     finally:
         gen.close()
     flat = [s for g in groups for s in g]
-    write_rollouts(out / "rollouts.parquet", flat)
+    with run.writing(outputs):
+        write_rollouts(out / "rollouts.parquet", flat)
     summary = {
         "prompts": st.prompts,
         "samples": st.samples,
@@ -63,7 +68,8 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
         "scorer": st.scorer,
         "engine": gen.engine.name,
     }
-    write_json(out / "summary.json", summary)
-    write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)})
+    with run.writing(outputs):
+        write_json(out / "summary.json", summary)
+        write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)})
     console.print(f"rollout: {st.samples} responses, accuracy {summary['accuracy']:.3f}, {summary['gen_tokens_per_s']:.0f} tok/s → {out / 'rollouts.parquet'}")
     return summary

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 
 from reasonrl import algos as A
-from reasonrl.artifacts import read_manifest, write_json, write_manifest
+from reasonrl.artifacts import last_record, read_manifest, write_json, write_manifest
 from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.perf import StepPerf
+from reasonrl.rundir import releases_claims
 from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
                                       training_rows)
 
@@ -133,6 +134,7 @@ def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig,
             f"{ckpt}; try a lower --lr or a --grad-clip, then --resume")
 
 
+@releases_claims
 def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
@@ -165,9 +167,9 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     rank, world = start_ranks(cfg)
     tok = load_tokenizer(policy_dir)
     rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
-    ckpt = None
-    if rank == 0:
-        ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=to_dict(cfg))
+    ckpt, run = None, None
+    if rank == 0:  # rank 0 holds the run directory for the whole job
+        run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=to_dict(cfg), inputs=(cfg.data, cdir))
     if world > 1:
         torch.distributed.barrier()
         ckpt = latest_checkpoint(out) if cfg.resume else None
@@ -216,7 +218,8 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     history: list[dict[str, Any]] = []
     display = Display(console, quiet=cfg.quiet or rank != 0)
     bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
-    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank)
+    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank,
+                    then="the run stops: free space (or fix the cause), then continue from its last checkpoint with --resume")
     bad_steps = 0
     try:
         display.start()
@@ -255,13 +258,15 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
         if final is None or final.name != f"step_{cfg.steps}":
             raise ReasonRLError(f"step {cfg.steps} made no update (non-finite values): no final policy written; "
                                 f"the last good checkpoint is {final}; lower --lr and --resume")
-        if (out / "policy").exists():
-            shutil.rmtree(out / "policy")
-        shutil.copytree(final / "policy", out / "policy")
-        summary = {"steps": cfg.steps, "last": flatten_metrics(history[-1]) if history else {}}
-        write_json(out / "summary.json", summary)
-        write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},
-                       extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", "checkpoints/", "summary.json"]})
+        with run.writing(("policy", "summary.json")):
+            if (out / "policy").exists():
+                shutil.rmtree(out / "policy")
+            shutil.copytree(final / "policy", out / "policy")
+            # (a resumed run whose last step was already checkpointed ran no step: its last record is on disk)
+            summary = {"steps": cfg.steps, "last": flatten_metrics(history[-1] if history else last_record(out / "metrics.jsonl", cfg.steps))}
+            write_json(out / "summary.json", summary)
+            write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},
+                           extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", "checkpoints/", "summary.json"]})
     if world > 1:
         torch.distributed.barrier()
     return {"history": history, "out": str(out)}

@@ -49,6 +49,9 @@ TRACKERS: dict[str, TrackerEntry] = {
     "trackio": TrackerEntry("reasonrl.tracking.backends:TrackioTracker", "trackio", "pip install 'reasonrl[trackio]'"),
 }
 NONE = "none"
+#: What the trackers may write in a run directory (a rerun of the stage removes them; Trackio and a
+#: $WANDB_DIR / $MLFLOW_TRACKING_URI write elsewhere).
+TRACKER_OUTPUTS = ("tensorboard", "wandb", "mlflow.db")
 
 
 def tracker_names(report_to: list[str]) -> list[str]:

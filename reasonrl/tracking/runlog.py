@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.artifacts import append_jsonl
+from reasonrl.errors import ReasonRLError
+from reasonrl.rundir import write_failure
 from reasonrl.tracking.base import Tracker, make_trackers, scalars
 
 
@@ -23,11 +25,22 @@ class RunLog:
         config: the stage's config, logged once by each tracker.
         start_step: the checkpoint's step when resuming (the next step appended must be later).
         rank: the process's rank.
+        then: what a write failure means for the run, appended to its one-line error.
+
+    A write that fails (a full disk, a file-size limit) is a one-line error naming the file, the
+    cause and ``then``.
     """
 
-    def __init__(self, run_dir: str | Path, report_to: list[str], *, name: str, config: dict[str, Any], start_step: int = 0, rank: int = 0) -> None:
-        self.run_dir, self.rank, self.last_step = Path(run_dir), rank, start_step
-        self.trackers: list[Tracker] = make_trackers(report_to, self.run_dir, name=name, config=config, start_step=start_step) if rank == 0 else []
+    def __init__(self, run_dir: str | Path, report_to: list[str], *, name: str, config: dict[str, Any], start_step: int = 0, rank: int = 0,
+                 then: str = "") -> None:
+        self.run_dir, self.rank, self.last_step, self.then = Path(run_dir), rank, start_step, then
+        self.trackers: list[Tracker] = []
+        if rank == 0:
+            with self._writing("the trackers' files", 0):
+                self.trackers = make_trackers(report_to, self.run_dir, name=name, config=config, start_step=start_step)
+
+    def _writing(self, what: str, step: int) -> "_Writing":
+        return _Writing(self, what, step)
 
     def append(self, m: dict[str, Any]) -> None:
         """Record a finished step (``m["step"]``) in metrics.jsonl, then in the trackers."""
@@ -37,22 +50,49 @@ class RunLog:
         if step <= self.last_step:
             raise RuntimeError(f"step {step} logged after step {self.last_step}: every step is logged once, in order")
         self.last_step = step
-        append_jsonl(self.run_dir / "metrics.jsonl", m)
+        with self._writing(str(self.run_dir / "metrics.jsonl"), step):
+            append_jsonl(self.run_dir / "metrics.jsonl", m)
         self.log(step, m)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """To the trackers only (evaluation: its ground truth is results.json)."""
         flat = scalars(metrics)
         for t in self.trackers:
-            t.log(step, flat)
+            with self._writing(f"the {t.name} tracker's files", step):
+                t.log(step, flat)
 
     def close(self) -> None:
-        for t in self.trackers:
-            t.close()
-        self.trackers = []
+        """Close every tracker (all of them, even when one fails; then the first failure is raised)."""
+        trackers, self.trackers = self.trackers, []
+        failed: ReasonRLError | None = None
+        for t in trackers:
+            try:
+                with self._writing(f"the {t.name} tracker's files", self.last_step):
+                    t.close()
+            except ReasonRLError as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> "RunLog":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Writing:
+    """An OSError inside → the run log's one-line error."""
+
+    def __init__(self, log: RunLog, what: str, step: int) -> None:
+        self.log, self.what, self.step = log, what, step
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
+        if et is not None and issubclass(et, OSError):
+            at = f" at step {self.step}" if self.step else ""
+            then = f"; {self.log.then}" if self.log.then else ""
+            raise ReasonRLError(f"could not write {self.what}{at}: {write_failure(e)}{then}") from None
+        return False

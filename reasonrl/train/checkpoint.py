@@ -13,7 +13,6 @@ what ``train`` writes (:data:`RUN_OUTPUTS`), never the directory itself or anyth
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -23,12 +22,13 @@ from typing import Any
 
 import torch
 
-from reasonrl.artifacts import MANIFEST, prepare_out_dir, write_json
+from reasonrl.artifacts import MANIFEST, write_json
 from reasonrl.errors import ReasonRLError
+from reasonrl.rundir import RunDir, claim, write_failure
+from reasonrl.tracking.base import TRACKER_OUTPUTS
 
 #: What `reasonrl train` writes in its run directory (all an --overwrite may delete).
-RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "metrics.jsonl", "summary.json", "config.json", "tensorboard", "wandb", "mlflow.db",
-               MANIFEST)
+RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "metrics.jsonl", "summary.json", "config.json", *TRACKER_OUTPUTS, MANIFEST)
 #: Config keys a --resume may change: they do not change what the run computes.
 RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "keep_last", "resume", "overwrite", "report_to", "quiet", "max_bad_steps",
                      "keep_rollouts"}
@@ -44,11 +44,15 @@ def _steps(out: Path) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(out: Path) -> Path | None:
-    """The newest complete checkpoint of a run directory (``latest``, else the newest ``step_N``), or None."""
+    """The newest complete checkpoint of a run directory (``latest``, else the newest ``step_N``), or None.
+
+    ``latest`` holds a step name (``step_N``), never a path: anything else is ignored, so a run only
+    ever resumes from its own checkpoints."""
     f = out / "checkpoints" / "latest"
     try:
-        p = out / "checkpoints" / f.read_text().strip()
-        if _STEP_DIR.match(p.name) and (p / "trainer_state.json").is_file():
+        name = f.read_text(encoding="utf-8").strip()
+        p = out / "checkpoints" / name
+        if _STEP_DIR.match(name) and (p / "trainer_state.json").is_file():
             return p
     except (OSError, UnicodeDecodeError):
         pass
@@ -56,8 +60,11 @@ def latest_checkpoint(out: Path) -> Path | None:
     return steps[-1][1] if steps else None
 
 
-def start_run(out: Path, *, resume: bool, overwrite: bool, model_dir: Path, config: dict[str, Any]) -> Path | None:
-    """Make ``out`` ready for a run; return the checkpoint to resume from (None: a fresh run).
+def start_run(out: Path, *, resume: bool, overwrite: bool, model_dir: Path, config: dict[str, Any],
+              inputs: tuple[str | Path | None, ...] = ()) -> tuple[RunDir, Path | None]:
+    """Claim ``out`` for a run (``reasonrl.rundir``: never another stage's run or a user's files, one
+    process at a time) and make it ready; return the claim and the checkpoint to resume from (None: a
+    fresh run).
 
     Refuses: a model directory as ``out``; a finished run without --overwrite; an unfinished run
     without --resume or --overwrite; a --resume with no checkpoint, or with changed settings.
@@ -67,29 +74,25 @@ def start_run(out: Path, *, resume: bool, overwrite: bool, model_dir: Path, conf
         raise ReasonRLError(f"output {out} is a file: choose a directory with --out")
     if out.resolve() == Path(model_dir).resolve() or (out / "config.json").is_file() and "model_type" in _json(out / "config.json"):
         raise ReasonRLError(f"--out {out} is a model directory: writing the run there would overwrite the model; choose another --out")
+    run = claim(out, stage="train", inputs=(model_dir, *inputs))
     if resume:
         ckpt = latest_checkpoint(out)
         if ckpt is None:
             raise ReasonRLError(f"--resume: {out}/checkpoints holds no complete checkpoint: start over with --overwrite (or check --out)")
         _check_same_config(out, config)
         _cut_back(out, int(_json(ckpt / "trainer_state.json")["step"]))
-        return ckpt
-    finished = (out / MANIFEST).is_file()
+        return run, ckpt
     unfinished = _steps(out) or (out / "metrics.jsonl").is_file()
-    if (finished or unfinished) and not overwrite:
-        if finished:
+    if (run.finished or unfinished) and not overwrite:
+        if run.finished:
             raise ReasonRLError(f"{out} already holds a finished run: pass --overwrite to replace it or choose another --out")
         last = latest_checkpoint(out)
-        where = f"checkpoints up to {last.name}" if last is not None else "no checkpoint"
-        raise ReasonRLError(f"{out} holds an unfinished run ({where}): resume it with --resume or start over with --overwrite")
-    prepare_out_dir(out, overwrite=True)  # the manifest goes first: a half-written run is never taken for a finished one
-    for name in RUN_OUTPUTS:
-        p = out / name
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        elif p.exists() or p.is_symlink():
-            p.unlink()
-    return None
+        if last is None:
+            raise ReasonRLError(f"{out} holds an unfinished run that stopped before its first checkpoint (nothing to resume): "
+                                "start over with --overwrite or choose another --out")
+        raise ReasonRLError(f"{out} holds an unfinished run (checkpoints up to {last.name}): resume it with --resume or start over with --overwrite")
+    run.clear(RUN_OUTPUTS)  # the manifest first: a half-written run is never taken for a finished one
+    return run, None
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -102,7 +105,8 @@ def _json(path: Path) -> dict[str, Any]:
 def _check_same_config(out: Path, config: dict[str, Any]) -> None:
     saved = _json(out / "config.json")
     if not saved:
-        return
+        raise ReasonRLError(f"--resume: {out}/config.json is missing or unreadable, so the run's settings cannot be checked against "
+                            "this one's: start over with --overwrite")
     changed = [k for k, v in config.items() if k in saved and k not in RESUMABLE_CHANGES and _norm(saved[k]) != _norm(v)]
     if changed:
         what = ", ".join(f"{k} ({saved[k]!r} → {config[k]!r})" for k in changed)
@@ -177,21 +181,42 @@ def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend
             shutil.rmtree(d, ignore_errors=True)
             tmp.rename(d)
             write_latest(out, d.name)
-    except (OSError, RuntimeError) as e:  # (torch.save reports a short write as a RuntimeError)
+    except Exception as e:  # noqa: BLE001 - an OSError, torch.save's RuntimeError on a short write, safetensors' SafetensorError
+        why = write_failure(e) if isinstance(e, OSError) else _write_error(e, out)
+        if why is None:
+            raise
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        kept = f"{prev.name} is intact and the latest" if prev is not None else "no earlier checkpoint exists"
-        if isinstance(e, OSError):
-            why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else (e.strerror or type(e).__name__)
-        else:
-            why = "a write failed: is the disk full?"
-        raise ReasonRLError(f"could not write checkpoint step {step} ({why}): {kept}; free space and rerun with --resume") from None
+        if prev is not None:
+            raise ReasonRLError(f"could not write checkpoint step {step} ({why}): the partial checkpoint was removed, "
+                                f"{prev.name} is intact and the latest; then rerun with --resume") from None
+        raise ReasonRLError(f"could not write checkpoint step {step} ({why}): the partial checkpoint was removed and no earlier "
+                            "checkpoint exists; then start over with --overwrite") from None
     if world > 1:
         torch.distributed.barrier()
     if rank == 0 and keep_last > 0:
         for _, p in _steps(out)[:-keep_last]:
             shutil.rmtree(p, ignore_errors=True)
     return d
+
+
+def _write_error(e: BaseException, where: Path) -> str | None:
+    """The cause of a checkpoint write that failed without an OSError (torch.save's RuntimeError on a
+    short write, safetensors' SafetensorError), or None if ``e`` is not such an error."""
+    if not (isinstance(e, RuntimeError) or type(e).__name__ == "SafetensorError"):
+        return None
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        return f"a write failed under a file-size limit (ulimit -f: {soft} bytes): raise the limit"
+    try:
+        if shutil.disk_usage(where).free < 64 << 20:
+            return "the disk is full: free space"
+    except OSError:
+        pass
+    text = str(e).strip().splitlines()
+    return f"a write failed: {text[-1][:160] if text else type(e).__name__}"
 
 
 def write_latest(out: Path, name: str) -> None:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from reasonrl.artifacts import MANIFEST
+from reasonrl.artifacts import LOCK, MANIFEST
 from reasonrl.config import build_config
 from reasonrl.data import DAPO_TEMPLATE, load_prepared
 from reasonrl.evaluation.sets import EVAL_SETS
@@ -265,13 +265,13 @@ def test_manifest_load_prepared_and_overwrite(tmp_path, write_jsonl):
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["stage"] == "prepare-data" and manifest["config"]["inputs"] == [str(tmp_path / "s.jsonl")]
     assert (out / MANIFEST).stat().st_mtime_ns >= max((out / f).stat().st_mtime_ns for f in ("train.parquet", "validation.parquet", "report.json"))
-    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    before = {f.name: f.read_bytes() for f in out.iterdir() if f.name != LOCK}  # (the lock file holds the last holder's PID)
     with pytest.raises(ReasonRLError, match="already holds a finished artifact: pass --overwrite"):
         prepare(tmp_path, [tmp_path / "s.jsonl"])
     # a failing run leaves a finished output untouched
     with pytest.raises(ReasonRLError):
         prepare(tmp_path, [tmp_path / "missing.jsonl"], overwrite=True)
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.name != LOCK} == before
     report2, _ = prepare(tmp_path, [tmp_path / "s.jsonl"], overwrite=True, template="none")
     assert rows_of(out)[0]["prompt"][0]["content"] == rows_of(out)[0]["extra_info"]["raw_problem"]
 

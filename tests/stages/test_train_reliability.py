@@ -105,7 +105,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint(prepared, tiny_model, tmp_pa
     p = subprocess.run(cmd + ["--steps", "2", "--resume"], env=env, capture_output=True, text=True, timeout=600, preexec_fn=limit)
     assert p.returncode == 1, p.stderr[-2000:]
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(err) == 1 and "disk" in err[0] and "step_1 is intact" in err[0] and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert len(err) == 1 and "file-size limit" in err[0] and "step_1 is intact" in err[0] and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_1"
     assert not list((out / "checkpoints").glob(".step_*"))
 
