@@ -76,8 +76,12 @@ def write_json(path: str | Path, obj: Any) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n", encoding="utf-8")
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written
+        raise
 
 
 def append_jsonl(path: str | Path, rec: dict[str, Any]) -> None:

@@ -132,7 +132,7 @@ class RunDir:
                 self.clear(outputs)
             except OSError:
                 pass
-            what = e.filename or self.path
+            what = e.filename or f"the outputs in {self.path}"
             raise ReasonRLError(f"could not write {what}: {write_failure(e)}; the partial outputs were removed (no manifest), "
                                 f"then rerun `reasonrl {self.stage}`") from None
 

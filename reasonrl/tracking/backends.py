@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,23 @@ def _run_name(name: str, start_step: int) -> str:
     return name + (f" (resumed at step {start_step})" if start_step else "")
 
 
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes events in a thread; a failed write (a full disk) is raised again in the
+    main thread by the writer's next call (and becomes the run's one-line error), so the thread's own
+    traceback is left out."""
+    previous = threading.excepthook
+    if getattr(previous, "_reasonrl", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook._reasonrl = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class TensorBoardTracker:
     """Event files in ``<run_dir>/tensorboard/`` (torch's ``SummaryWriter``). A fresh run clears the
     folder; a resumed run purges the events after the checkpoint's step (TensorBoard's
@@ -39,6 +57,7 @@ class TensorBoardTracker:
     def __init__(self, run_dir: Path, *, name: str, config: dict[str, Any], start_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        _quiet_writer_threads()
         self.log_dir = Path(run_dir) / "tensorboard"
         if not start_step:
             shutil.rmtree(self.log_dir, ignore_errors=True)

@@ -29,8 +29,9 @@ from reasonrl.tracking.base import TRACKER_OUTPUTS
 
 #: What `reasonrl train` writes in its run directory (all an --overwrite may delete).
 RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "metrics.jsonl", "summary.json", "config.json", *TRACKER_OUTPUTS, MANIFEST)
-#: Config keys a --resume may change: they do not change what the run computes.
-RESUMABLE_CHANGES = {"steps", "save_every", "log_every", "keep_last", "resume", "overwrite", "report_to", "quiet", "max_bad_steps",
+#: Config keys a --resume may change: they do not change what the run computes (``out``: a run
+#: directory may be moved).
+RESUMABLE_CHANGES = {"out", "steps", "save_every", "log_every", "keep_last", "resume", "overwrite", "report_to", "quiet", "max_bad_steps",
                      "keep_rollouts"}
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
