@@ -252,6 +252,11 @@ def test_non_finite_values_are_marked_at_their_steps_and_named(runs, tmp_path):
     xs = drawn_x(train, "draw_entropy")
     assert xs["train"] == STEPS  # the line has a gap at 3 and 4 …
     assert xs["train · not finite (×)"] == [3, 4]  # … and a × at each
+    from reasonrl.report import collect_runs
+    from reasonrl.report.figures import draw_entropy
+
+    mean = [ln for ln in draw_entropy(collect_runs([train])[0], 2).fig.axes[0].get_lines() if ln.get_label() == "train (mean of 2)"]
+    assert list(mean[0].get_xdata()) == [1, 2, 5, 6] and all(map(math.isfinite, mean[0].get_ydata()))  # the mean of the finite values only
 
 
 def test_a_metric_not_finite_at_every_step_is_not_drawn_and_says_why(runs, tmp_path):
