@@ -22,9 +22,12 @@ class Report:
     runs: list[Run]
     figures: list[Path] = field(default_factory=list)  # PNGs written, in order
     skipped: dict[str, list[str]] = field(default_factory=dict)  # figure name → why it was not drawn
-    notes: dict[str, list[str]] = field(default_factory=dict)  # figure name → what is missing from it
+    notes: dict[str, list[str]] = field(default_factory=dict)  # figure name → what is missing from it, or marked in it
+    skipped_records: dict[str, int] = field(default_factory=dict)  # a run's file → how many of its records could not be read (skipped)
+    unread: list[str] = field(default_factory=list)  # one note per such file: the count and the first reasons
 
 
+SHOWN = 5  # reasons named per file with skipped records (the rest counted)
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 h1{font-size:1.5em}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
@@ -59,17 +62,26 @@ def build_report(paths: list[str | Path], out: str | Path, *, smooth: int = 0, t
             body += f"<img src='{uri}' alt='{html.escape(spec.title)}'>"
             if notes:
                 rep.notes[spec.name] = notes
-                body += "<p class='note'>Missing: " + html.escape("; ".join(notes)) + ".</p>"
+                body += "<p class='note'>Notes: " + html.escape("; ".join(notes)) + ".</p>"
         sections.append(f"<h2 id='{spec.name}'>{html.escape(spec.title)}</h2>{body}")
+    for r in runs:  # after the figures: they count the values they could not read
+        for name, why in r.skipped.items():
+            path, reasons = str(r.path / name), list(why)
+            rep.skipped_records[path] = len(reasons)
+            rep.unread.append(f"{path}: {len(reasons)} record{'s' if len(reasons) > 1 else ''} skipped ({'; '.join(reasons[:SHOWN])}"
+                              + (f"; and {len(reasons) - SHOWN} more" if len(reasons) > SHOWN else "") + ")")
     rows = "".join(f"<tr><td>{html.escape(r.label)}</td><td>{r.stage}</td><td>{_size(r)}</td><td>{html.escape(str(r.path))}</td>"
                    f"<td class='note'>{html.escape('; '.join(r.notes))}</td></tr>" for r in runs)
     smooth_note = f"Curves are smoothed with a trailing mean over {smooth} steps, drawn over the raw values." if smooth > 1 else "Curves show the raw logged values (no smoothing)."
     extra = "".join(f"<li>{html.escape(s)}</li>" for s in passed_over)
+    unread = "".join(f"<li>{html.escape(s)}</li>" for s in rep.unread)
     doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
            f"<h1>{html.escape(title)}</h1><p>{time.strftime('%Y-%m-%d %H:%M')} · {len(rep.figures)} figures · {smooth_note} "
-           f"Steps on x; a metric a run did not log is left out and named below its figure.</p>"
+           f"Steps on x; a metric a run did not log is left out and named below its figure, a value that is not finite (NaN, ±inf) "
+           f"is a gap in its curve with a × on the bottom edge, named below its figure.</p>"
            f"<table><tr><th>run</th><th>stage</th><th>logged</th><th>path</th><th>notes</th></tr>{rows}</table>"
            + (f"<p class='note'>Passed over:</p><ul class='note'>{extra}</ul>" if extra else "")
+           + (f"<p class='note'>Not read (skipped, the rest drawn):</p><ul class='note' id='skipped'>{unread}</ul>" if unread else "")
            + "".join(sections) + "</body></html>")
     rep.html.write_text(doc, encoding="utf-8")
     return rep

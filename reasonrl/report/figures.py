@@ -4,15 +4,18 @@ Every function takes the runs and the smoothing window and returns a :class:`Dra
 ``Figure`` (None when no run logged anything it needs) and notes on what is missing. Rules: steps
 on x, axes labelled with units, one colour per run (the same in every figure), the raw values
 (a moving average only with ``smooth`` > 1, drawn over the faint raw curve), nothing filled in.
+A non-finite value (NaN, ±inf) leaves a gap in its curve and a × on the bottom edge at its step,
+named in a note; a metric that is not finite at any step is not drawn, and says so.
 ``FIGURES`` lists them in the report's order.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from reasonrl.report.runs import Run
+from reasonrl.report.runs import Run, number, numbers, shown
 
 STEP = "training step"
 
@@ -90,23 +93,61 @@ def legend(ax: Any) -> None:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False, handlelength=3.5)
 
 
+def nonfinite(xs: list[Any], ys: list[float]) -> list[tuple[Any, float]]:
+    """The (x, y) points whose y is NaN or ±inf."""
+    return [(x, y) for x, y in zip(xs, ys) if not math.isfinite(y)]
+
+
+def nonfinite_note(what: str, bad: list[tuple[Any, float]], n: int | None = None, at: str = "step", shown_as: str = "marked × on the bottom edge") -> str:
+    """'what not finite (NaN at steps 3, 5; inf at step 4): marked …', or '… not finite at every
+    step (…): not drawn' when all its ``n`` points are."""
+    groups: dict[str, list[str]] = {}
+    for x, y in bad:
+        at_x = groups.setdefault("NaN" if y != y else "inf" if y > 0 else "-inf", [])
+        if str(x) not in at_x:
+            at_x.append(str(x))
+    parts = [f"{k} at {at}{'s' if len(v) > 1 else ''} {', '.join(v[:8])}{', …' if len(v) > 8 else ''}" for k, v in groups.items()]
+    where = f"not finite at every {at} ({'; '.join(parts)}): not drawn" if len(bad) == n else f"not finite ({'; '.join(parts)}): {shown_as}"
+    return f"{what} {where}"
+
+
+def mark_nonfinite(ax: Any, xs: list[Any], c: Any, label: str) -> None:
+    """A × on the bottom edge of ``ax`` at each x whose value is not finite (x in data, y in axes)."""
+    ax.plot(xs, [0.0] * len(xs), linestyle="none", marker="x", markersize=7, markeredgewidth=1.6, color=c, clip_on=False,
+            transform=ax.get_xaxis_transform(), label=f"{label} · not finite (×)")
+
+
 def _curves(ax: Any, runs: list[Run], all_runs: list[Run], key: str, smooth: int, notes: list[str], *, style: str = "-", what: str = "") -> bool:
-    """One line per run that logged ``key`` (label ``run · what``); notes for those that did not."""
+    """One line per run that logged ``key`` (label ``run · what``); notes for those that did not.
+    A non-finite value is a gap in the line and a × on the bottom edge (noted); a run whose values
+    are all non-finite draws nothing (noted)."""
     drawn = False
     for r in runs:
         xs, ys = r.series(key)
-        ys = [float(y) for y in ys]
         if not xs:
-            notes.append(f"{r.label}: no {key}")
+            notes.append(f"{r.label}: {key} is not a number at any step (skipped)" if r.has(key) else f"{r.label}: no {key}")
+            continue
+        bad = nonfinite(xs, ys)
+        if bad:
+            notes.append(nonfinite_note(f"{r.label}: {key}", bad, len(xs)))
+        if len(bad) == len(xs):
             continue
         c, label = color(r, all_runs), f"{r.label} · {what}" if what else r.label
+        raw = [y if math.isfinite(y) else math.nan for y in ys]  # a gap at each non-finite step
         if smooth > 1:
-            ax.plot(xs, ys, style, color=c, alpha=0.25, linewidth=1)
-            ax.plot(xs, smoothed(ys, smooth), style, color=c, label=f"{label} (mean of {smooth})", linewidth=1.8)
+            fin = [(x, y) for x, y in zip(xs, ys) if math.isfinite(y)]
+            ax.plot(xs, raw, style, color=c, alpha=0.25, linewidth=1)
+            ax.plot([x for x, _ in fin], smoothed([y for _, y in fin], smooth), style, color=c, label=f"{label} (mean of {smooth})", linewidth=1.8)
         else:
-            ax.plot(xs, ys, style, color=c, label=label, marker="." if len(xs) < 40 else None, linewidth=1.6)
+            ax.plot(xs, raw, style, color=c, label=label, marker="." if len(xs) < 40 else None, linewidth=1.6)
+        if bad:
+            mark_nonfinite(ax, [x for x, _ in bad], c, label)
         drawn = True
     return drawn
+
+
+def empty_panel(ax: Any) -> None:
+    ax.text(0.5, 0.5, "nothing to draw: see the notes below", transform=ax.transAxes, ha="center", va="center", color="grey")
 
 
 def _line_panels(runs: list[Run], all_runs: list[Run], smooth: int, panels: list[tuple[str, str, list[tuple[str, str, str]]]]) -> Drawn:
@@ -114,12 +155,16 @@ def _line_panels(runs: list[Run], all_runs: list[Run], smooth: int, panels: list
     colour per run of ``all_runs``."""
     out = Drawn()
     fig, axes = _figure(len(panels))
-    any_drawn = False
+    drawn = []
     for ax, (title, ylabel, series) in zip(axes, panels):
+        drawn.append(False)
         for key, style, what in series:
-            any_drawn |= _curves(ax, runs, all_runs, key, smooth, out.notes, style=style, what=what if len(series) > 1 else "")
+            drawn[-1] |= _curves(ax, runs, all_runs, key, smooth, out.notes, style=style, what=what if len(series) > 1 else "")
         _axes(ax, ylabel, title)
-    out.fig = fig if any_drawn else None
+    for ax, d in zip(axes, drawn):
+        if any(drawn) and not d:
+            empty_panel(ax)
+    out.fig = fig if any(drawn) else None
     return out
 
 
@@ -156,14 +201,16 @@ def draw_length(runs: list[Run], smooth: int) -> Drawn:
     if d.fig is not None:
         ax = d.fig.axes[0]
         for r in trains:
-            lmax, lcache = r.config.get("max_response_len"), r.config.get("overlong_cache_len")
-            if not lmax:
-                d.notes.append(f"{r.label}: no max_response_len in config.json, L_max not drawn")
+            lmax, lcache = number(r.config.get("max_response_len")), number(r.config.get("overlong_cache_len"))
+            if not lmax or not math.isfinite(lmax):
+                d.notes.append(f"{r.label}: no max_response_len in config.json" + (f" (it is {shown(r.config['max_response_len'])})" if r.config.get("max_response_len") else "")
+                               + ", L_max not drawn")
                 continue
             c = color(r, runs)
-            ax.axhline(lmax, color=c, linewidth=1, linestyle="-.", label=f"{r.label} · L_max = {lmax}")
-            if lcache:
-                punished = (r.config.get("resolved_algo") or {}).get("overlong_penalty")
+            ax.axhline(lmax, color=c, linewidth=1, linestyle="-.", label=f"{r.label} · L_max = {lmax:g}")
+            if lcache and math.isfinite(lcache):
+                algo = r.config.get("resolved_algo")
+                punished = algo.get("overlong_penalty") if isinstance(algo, dict) else None
                 ax.axhspan(lmax - lcache, lmax, color=c, alpha=0.12,
                            label=f"{r.label} · L_max − L_cache … L_max" + (" (soft punishment)" if punished else " (no punishment in this algo)" if punished is False else ""))
         legend(ax)
@@ -178,13 +225,36 @@ def draw_clipfrac(runs: list[Run], smooth: int) -> Drawn:
     ])
 
 
-def _buckets(r: Run, kind: str) -> tuple[list[str], list[int], list[list[float]]]:
-    """(bucket names by probability, steps, [bucket][step] fraction) of ``actor/clipfrac_by_prob``."""
-    steps, dicts = r.series("actor/clipfrac_by_prob")
-    names = sorted({k.split("/", 1)[1] for d in dicts for k in d if k.startswith(kind + "/") and k.split("/", 1)[1].startswith("p")},
-                   key=lambda b: float(b[1:].split("-")[0]))
-    grid = [[float(d.get(f"{kind}/{b}", float("nan"))) for d in dicts] for b in names]
-    return names, steps, grid
+def _bucket_low(name: str) -> float | None:
+    """The lower edge of a probability bucket 'p0.1-0.2' (None when the name is not one)."""
+    try:
+        low = float(name[1:].split("-")[0]) if name.startswith("p") else None
+    except ValueError:
+        return None
+    return low if low is not None and math.isfinite(low) else None
+
+
+def _buckets(r: Run, kind: str) -> tuple[list[str], list[int], list[list[float]], list[tuple[int, float]]]:
+    """(bucket names by probability, steps, [bucket][step] fraction, the non-finite (step, value)s)
+    of ``actor/clipfrac_by_prob``: a missing, non-numeric (skipped, counted) or non-finite cell is
+    NaN (left blank)."""
+    steps, dicts = r.objects("actor/clipfrac_by_prob")
+    names = sorted({k.split("/", 1)[1] for d in dicts for k in d if k.startswith(kind + "/") and _bucket_low(k.split("/", 1)[1]) is not None},
+                   key=_bucket_low)
+    grid, bad = [], []
+    for b in names:
+        row = []
+        for s, d in zip(steps, dicts):
+            v = d.get(f"{kind}/{b}")
+            x = number(v)
+            if x is None and v is not None:
+                r.skip("metrics.jsonl", f"actor/clipfrac_by_prob.{kind}/{b} at step {s} is {shown(v)}, not a number")
+            if x is not None and not math.isfinite(x):
+                bad.append((s, x))
+                x = None
+            row.append(math.nan if x is None else x)
+        grid.append(row)
+    return names, steps, grid, bad
 
 
 @figure("clip_by_probability", "Clipping by token probability")
@@ -197,21 +267,27 @@ def draw_clip_by_prob(runs: list[Run], smooth: int) -> Drawn:
     if not have:
         return out
     fig, axes = _figure(2, len(have), height=3.2)
+    any_drawn = False
     for i, r in enumerate(have):
         for j, (kind, what) in enumerate((("clip_upper", "upper clip"), ("clip_lower", "lower clip"))):
             ax = axes[2 * i + j]
-            names, steps, grid = _buckets(r, kind)
+            names, steps, grid, bad = _buckets(r, kind)
             if not names:
                 out.notes.append(f"{r.label}: no {kind} buckets in actor/clipfrac_by_prob")
                 continue
+            if bad:
+                out.notes.append(nonfinite_note(f"{r.label}: actor/clipfrac_by_prob {kind}", bad, shown_as="left blank, × on the bottom edge"))
             # each column spans its step (steps may be missing: columns are drawn at their step)
             edges_x = [s - 0.5 for s in steps] + [steps[-1] + 0.5]
-            top = max((v for row in grid for v in row if v == v), default=0.0)
+            top = max((v for row in grid for v in row if math.isfinite(v)), default=0.0)
             mesh = ax.pcolormesh(edges_x, range(len(names) + 1), grid, cmap="viridis", vmin=0, vmax=max(top, 1e-3), shading="flat")
             ax.set_yticks([k + 0.5 for k in range(len(names))], [n[1:] for n in names], fontsize=7)
             fig.colorbar(mesh, ax=ax, label="share of bucket's tokens clipped")
+            if bad:
+                mark_nonfinite(ax, sorted({s for s, _ in bad}), "red", "a bucket")
             _axes(ax, "sampling probability of the token", f"{r.label}: {what} by token probability")
-    out.fig = fig
+            any_drawn = True
+    out.fig = fig if any_drawn else None
     return out
 
 
@@ -269,24 +345,39 @@ def draw_bias(runs: list[Run], smooth: int) -> Drawn:
     values early tokens low, so early advantages are biased positive, and that value pretraining
     removes the bias."""
     out = Drawn()
-    have = [r for r in runs if r.bias and isinstance(r.bias.get("before"), dict) and isinstance(r.bias.get("after"), dict)]
-    out.notes += [f"{r.label}: no bias.json" for r in runs if r.stage == "pretrain-value" and r not in have]
+    have = [r for r in runs if r.bias is not None]  # runs.read_run checked that before and after are objects
+    out.notes += [f"{r.label}: no {'readable ' if (r.path / 'bias.json').is_file() else ''}bias.json" for r in runs if r.stage == "pretrain-value" and r not in have]
     if not have:
         return out
     fig, axes = _figure(2)
-    for ax, key, ylabel in ((axes[0], "value_by_position", "mean value V(s_t)"), (axes[1], "advantage_by_position", "mean advantage Â_t (GAE, λ_actor)")):
+    drawn = [False, False]
+    for i, (ax, key, ylabel) in enumerate(((axes[0], "value_by_position", "mean value V(s_t)"), (axes[1], "advantage_by_position", "mean advantage Â_t (GAE, λ_actor)"))):
         for r in have:
             for when, style, fill in (("before", "--", "none"), ("after", "-", "full")):
-                ys = r.bias[when].get(key) or []
+                raw = r.bias[when].get(key)
+                ys = numbers(raw) if raw is not None else []
+                if ys is None:
+                    r.skip("bias.json", f"{when}.{key} is {shown(raw)}, not a list of numbers")
                 if not ys:
-                    out.notes.append(f"{r.label}: no {key} {when} pretraining")
+                    out.notes.append(f"{r.label}: no {'readable ' if raw else ''}{key} {when} pretraining")
                     continue
-                vl = r.bias[when].get("value_loss")
-                ax.plot(range(len(ys)), ys, style, marker="o", markersize=4, fillstyle=fill, color=color(r, runs),
-                        label=f"{r.label} · {when} pretraining" + (f" (value loss {vl:.3g})" if isinstance(vl, (int, float)) else ""))
+                xs, bad = list(range(len(ys))), nonfinite(range(len(ys)), ys)
+                if bad:
+                    out.notes.append(nonfinite_note(f"{r.label}: {key} {when} pretraining", bad, len(ys), at="bin"))
+                if len(bad) == len(ys):
+                    continue
+                vl, c = number(r.bias[when].get("value_loss")), color(r, runs)
+                ax.plot(xs, [y if math.isfinite(y) else math.nan for y in ys], style, marker="o", markersize=4, fillstyle=fill, color=c,
+                        label=f"{r.label} · {when} pretraining" + (f" (value loss {vl:.3g})" if vl is not None else ""))
+                if bad:
+                    mark_nonfinite(ax, [x for x, _ in bad], c, f"{r.label} · {when} pretraining")
+                drawn[i] = True
         ax.axhline(0, color="grey", linewidth=0.8)
         _axes(ax, ylabel, key.replace("_", " ") + " (held-out responses)", xlabel="token position bin (0 = response start → end)")
-    out.fig = fig
+    for ax, d in zip(axes, drawn):
+        if any(drawn) and not d:
+            empty_panel(ax)
+    out.fig = fig if any(drawn) else None
     return out
 
 
@@ -303,15 +394,32 @@ def draw_eval(runs: list[Run], smooth: int) -> Drawn:
     fig, axes = _figure(1, height=3.8)
     fig.set_size_inches(max(6.0, 1.0 + len(names) * (0.6 + 0.5 * len(evals))), 3.8)
     ax, width = axes[0], 0.8 / len(evals)
+    any_drawn, not_finite = False, []
     for i, r in enumerate(evals):
-        ms = r.results["metrics"]
-        have = [(j, ms[k]) for j, k in enumerate(names) if k in ms]
-        vals = [100 * float(m["value"]) for _, m in have]
-        err = [[v - 100 * float(m["ci"][0]) for v, (_, m) in zip(vals, have)], [100 * float(m["ci"][1]) - v for v, (_, m) in zip(vals, have)]]
-        bars = ax.bar([j + (i - (len(evals) - 1) / 2) * width for j, _ in have], vals, width, yerr=err, capsize=3, color=color(r, runs),
-                      label=f"{r.label} ({problems(r)})")
-        ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)
+        ms = r.results["metrics"]  # name -> {"value": float, "ci": [lo, hi] or None} (runs.eval_metrics)
         out.notes += [f"{r.label}: no {k}" for k in names if k not in ms]
+        bad = [(k, ms[k]["value"]) for k in names if k in ms and not math.isfinite(ms[k]["value"])]
+        not_finite += [f"{r.label}: {k} is not finite ({v}): not drawn" for k, v in bad]
+        at = {k: j + (i - (len(evals) - 1) / 2) * width for j, k in enumerate(names)}
+        have = [(at[k], {"name": k, **ms[k]}) for k in names if k in ms and math.isfinite(ms[k]["value"])]
+        if bad:
+            mark_nonfinite(ax, [at[k] for k, _ in bad], color(r, runs), r.label)
+        if not have:
+            continue
+        bars = ax.bar([x for x, _ in have], [100 * m["value"] for _, m in have], width, color=color(r, runs), label=f"{r.label} ({problems(r)})")
+        ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)
+        with_ci = [(x, m) for x, m in have if m["ci"] is not None and all(map(math.isfinite, m["ci"]))]
+        for _, m in have:
+            if m["ci"] is None or not all(map(math.isfinite, m["ci"])):
+                out.notes.append(f"{r.label}: {m['name']} has no {'finite ' if m['ci'] else ''}confidence interval: drawn without error bars")
+        if with_ci:
+            v = [100 * m["value"] for _, m in with_ci]
+            err = [[max(0.0, y - 100 * m["ci"][0]) for y, (_, m) in zip(v, with_ci)], [max(0.0, 100 * m["ci"][1] - y) for y, (_, m) in zip(v, with_ci)]]
+            ax.errorbar([x for x, _ in with_ci], v, yerr=err, fmt="none", ecolor="k", capsize=3)
+        any_drawn = True
+    out.notes += [n + " (× on the bottom edge)" if any_drawn else n for n in not_finite]
+    if not any_drawn:
+        return out
     ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, 100)
     ax.set_ylabel("accuracy (%), bars: 95% bootstrap CI")
@@ -346,17 +454,24 @@ def draw_time(runs: list[Run], smooth: int) -> Drawn:
     fig, axes = _figure(len(have))
     cmap = colormaps["Set2"]
     for ax, r in zip(axes, have):
-        ms = [m for m in r.metrics if "step" in m]
-        steps = [int(m["step"]) for m in ms]
+        ms = r.metrics  # each with an integer step (runs.read_metrics)
+        steps = [m["step"] for m in ms]
         bottom = [0.0] * len(ms)
+        marked: set[int] = set()
         for i, (key, what) in enumerate(PHASES + (("perf/step_s", "other (rest of the step)"),)):
+            raw = [r.value(m, key) for m in ms]  # None: not logged (or not a number: skipped, counted)
+            bad = [(s, x) for s, x in zip(steps, raw) if x is not None and not math.isfinite(x)]
+            if bad:
+                out.notes.append(nonfinite_note(f"{r.label}: {key}", bad, shown_as="left out of the bar, × on the bottom edge"))
+                marked |= {s for s, _ in bad}
+            vals = [x if x is not None and math.isfinite(x) else 0.0 for x in raw]
             if key == "perf/step_s":  # the part of the step no phase timer covers
-                vals = [max(0.0, float(m[key]) - b) if m.get(key) is not None else 0.0 for m, b in zip(ms, bottom)]
-            else:
-                vals = [float(m.get(key) or 0.0) for m in ms]
+                vals = [max(0.0, v - b) if v else 0.0 for v, b in zip(vals, bottom)]
             if any(vals):
                 ax.bar(steps, vals, 0.8, bottom=bottom, color=cmap(i), label=what)
                 bottom = [b + v for b, v in zip(bottom, vals)]
+        if marked:
+            mark_nonfinite(ax, sorted(marked), "red", "a phase time")
         _axes(ax, "seconds", f"{r.label}: time per step")
     out.fig = fig
     return out

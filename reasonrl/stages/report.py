@@ -43,7 +43,10 @@ def run_report(cfg: ReportConfig, console: Any = None) -> Any:
         with Display(console, quiet=cfg.quiet):
             rep = build_report(cfg.runs, cfg.out, smooth=cfg.smooth, title=cfg.title)
         inputs = {f"{r.label}/{f}": r.path / f for r in rep.runs for f in ("metrics.jsonl", "bias.json", "results.json") if (r.path / f).is_file()}
-        write_manifest(rep.out, "report", to_dict(cfg), inputs, extra={"figures": [p.name for p in rep.figures], "skipped": rep.skipped})
+        write_manifest(rep.out, "report", to_dict(cfg), inputs,
+                       extra={"figures": [p.name for p in rep.figures], "skipped": rep.skipped, "skipped_records": rep.skipped_records})
+    unread = sum(rep.skipped_records.values())
     console.print(f"report: {len(rep.runs)} run(s), {len(rep.figures)} figures" + (f", not drawn: {', '.join(rep.skipped)}" if rep.skipped else "")
+                  + (f", {unread} unreadable record(s) skipped in {len(rep.skipped_records)} file(s) (named in report.html)" if unread else "")
                   + f" → {rep.html}")
     return rep
