@@ -123,10 +123,12 @@ class EngineOptions:
 
 def model_config(model_dir: str | Path) -> dict[str, Any]:
     """A model directory's ``config.json`` (a multimodal config's ``text_config`` merged in)."""
+    from reasonrl.models.loading import read_json_object
+
     p = Path(model_dir) / "config.json"
     if not p.is_file():
         raise ReasonRLError(f"{model_dir} is not a model directory (no config.json): pass an HF model directory")
-    cfg = json.loads(p.read_text())
+    cfg = read_json_object(p, "restore the model directory's config.json or pass another model directory")
     text = cfg.get("text_config")
     return {**text, **{k: v for k, v in cfg.items() if k != "text_config"}} if isinstance(text, dict) else cfg
 

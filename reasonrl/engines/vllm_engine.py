@@ -147,7 +147,11 @@ class VLLMEngine:
         self.prefix_caching = enable_prefix_caching
 
     def _read_model_config(self, max_model_len: int) -> int:
-        """The model's tied embeddings and EOS ids; ``max_model_len`` capped to its position embeddings."""
+        """The model's tied embeddings and EOS ids; ``max_model_len`` capped to its position embeddings.
+        A directory that asks for its own code is refused first (reasonrl.models.loading)."""
+        from reasonrl.models.loading import check_model_config
+
+        check_model_config(self.model_dir)
         cfg = model_config(self.model_dir)
         self.tied_embeddings = bool(cfg.get("tie_word_embeddings", False))
         self.eos_ids = eos_token_ids(self.model_dir, cfg)
@@ -163,6 +167,7 @@ class VLLMEngine:
         """reasonrl's engine options as ``vllm.LLM``'s keyword arguments, with this project's CPU and GPU defaults."""
         kw: dict[str, Any] = dict(
             model=self.model_dir,
+            trust_remote_code=False,  # never the model folder's own Python (its tokenizer's neither: vLLM passes it on)
             dtype=self.dtype,
             seed=self.seed,
             max_model_len=self.max_model_len,

