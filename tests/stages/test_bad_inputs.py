@@ -88,3 +88,27 @@ def test_pickle_weights_are_refused_unless_allowed(prepared, tiny_model, tmp_pat
 def test_every_prompt_too_long_is_an_error(prepared, tiny_model, tmp_path):
     r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "r", "--engine", "hf", "--max-prompt-len", "2")
     assert_user_error(r, "longer than --max-prompt-len 2", "raise it")
+
+
+def test_verl_parquet_columns_are_checked_before_training(tiny_model, tmp_path):
+    """Issue 20 item 13: without reward_model, train ran to rc 0 with every ground truth "" (every
+    reward -1); without prompt, or with a prompt that is not a list of messages, a traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    msg = [{"role": "user", "content": "What is 1 + 1?"}]
+    cases = {
+        "no_reward_model": ([{"prompt": msg, "data_source": "x"}] * 4, "no 'reward_model' column (its columns: prompt, data_source)"),
+        "no_prompt": ([{"reward_model": {"ground_truth": "2"}}] * 4, "no 'prompt' column"),
+        "int_prompt": ([{"prompt": 7, "reward_model": {"ground_truth": "2"}}] * 4, "row 1: prompt is an int (7)"),
+    }
+    small = ["--model", tiny_model, "--engine", "hf", "--dtype", "fp32", "--max-response-len", "4", "--group-size", "2"]
+    for name, (rows, needle) in cases.items():
+        f = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), f)
+        for stage, args in [("train", ["--algo", "grpo", "--steps", "1", "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "4"]),
+                            ("rollout", []), ("pretrain-value", ["--steps", "1", "--prompts-per-step", "2", "--eval-prompts", "1"])]:
+            out = tmp_path / f"{stage}-{name}"
+            r = run_cli(stage, "--data", f, "--out", out, *small, *args)
+            assert_user_error(r, str(f), needle, "reward_model = {ground_truth: the answer as text}")
+            assert not out.exists()
