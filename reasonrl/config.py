@@ -3,11 +3,18 @@
 Each field carries its documentation once, in ``field(metadata={"help": ...})``; the CLI's
 ``--help`` and the README are generated from it. Validation lives in each dataclass's
 ``__post_init__`` and raises :class:`ReasonRLError` with a message that says what to change.
+
+Every value from a recipe, ``--set`` or an option passes :func:`coerce` first, which holds what is
+true of every field of a type: a float is never NaN, nor infinite unless its field says
+``inf_ok=True`` (an upper bound that ``inf`` turns off); an int fits C's 64 bits (torch, numpy and
+vLLM take no larger one); each item of a list is of the list's type. A recipe that is not UTF-8
+text or not TOML is one line naming the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -64,39 +71,82 @@ def base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+INT_LIMIT = 2**63
+"""Every int field is in [-2**63, 2**63): C's long long, what torch, numpy and vLLM take."""
+SEED_MAX = 2**32 - 1
+"""The largest seed: vLLM seeds numpy's global generator, which takes 0 <= seed < 2**32."""
+
+
+def check_seed(seed: int, key: str = "seed") -> None:
+    """A seed every generator of a run accepts (numpy's range, through vLLM; torch's is wider)."""
+    check(0 <= seed <= SEED_MAX, f"{key} must be in [0, 2**32 - 1] (numpy's seed range, which vLLM uses), got {seed}")
+
+
+def _type_name(tp: Any) -> str:
+    name = getattr(tp, "__name__", str(tp))
+    if typing.get_origin(tp) is list:
+        (inner,) = typing.get_args(tp) or (str,)
+        return f"list of {getattr(inner, '__name__', inner)}"
+    return name
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
+
+
+class _NotFinite(ValueError):
+    """A float that is NaN, or infinite where the field does not allow it."""
+
+
+class _TooLarge(ValueError):
+    """An int outside [-2**63, 2**63)."""
+
+
+def _scalar(tp: Any, value: Any, inf_ok: bool) -> Any:
+    """``value`` as a ``tp`` (bool, int, float or str); ValueError / TypeError when it is not one."""
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError
+    if tp is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        out = int(value)
+        if not -INT_LIMIT <= out < INT_LIMIT:
+            raise _TooLarge
+        return out
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError
+        out = float(value)
+        if math.isnan(out) or (math.isinf(out) and not inf_ok):
+            raise _NotFinite
+        return out
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ValueError
+        return str(value)
+    return value
+
+
 def coerce(cls: type, key: str, value: Any) -> Any:
-    """Convert ``value`` (from TOML or a ``--set`` string) to the type of field ``key``."""
+    """Convert ``value`` (from TOML, a ``--set`` string or an option) to the type of field ``key``."""
     hints = typing.get_type_hints(cls)
     if key not in hints:
         known = ", ".join(f.name for f in dataclasses.fields(cls))
         raise ReasonRLError(f"unknown key '{key}' for {cls.__name__}; known keys: {known}")
     tp, optional = base_type(hints[key])
+    inf_ok = bool(next((f.metadata.get("inf_ok") for f in dataclasses.fields(cls) if f.name == key), False))
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
         if optional:
             return None
-        raise ReasonRLError(f"'{key}' cannot be empty: give a {getattr(tp, '__name__', tp)}")
+        raise ReasonRLError(f"'{key}' cannot be empty: give {_a(_type_name(tp))}")
     origin = typing.get_origin(tp)
     try:
-        if tp is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-                return True
-            if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if tp is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if tp is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if tp is str:
-            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                raise ValueError
-            return str(value)
         if origin is list:
             (inner,) = typing.get_args(tp) or (str,)
             if isinstance(value, str):
@@ -106,12 +156,18 @@ def coerce(cls: type, key: str, value: Any) -> Any:
                 value = [v.strip().strip("'\"") for v in text.split(",") if v.strip().strip("'\"")]
             if not isinstance(value, list):
                 raise ValueError
-            return [inner(v) for v in value if not (isinstance(v, str) and not v.strip())]  # "" is no entry
-    except (TypeError, ValueError):
+            return [_scalar(inner, v, inf_ok) for v in value if not (isinstance(v, str) and not v.strip())]  # "" is no entry
+        return _scalar(tp, value, inf_ok)
+    except _NotFinite:
+        finite = "a finite float, or inf (no bound)" if inf_ok else "a finite float"
+        raise ReasonRLError(f"'{key}' must be {finite}, got {value!r}: fix the recipe or --set {key}=...") from None
+    except _TooLarge:
+        raise ReasonRLError(f"'{key}' is out of range, got {value!r}: an int option takes -2**63 <= value < 2**63 (torch's, numpy's and vLLM's "
+                            f"64-bit integers); fix the recipe or --set {key}=...") from None
+    except (TypeError, ValueError, OverflowError):
         raise ReasonRLError(
-            f"'{key}' must be a {getattr(tp, '__name__', str(tp))}, got {value!r}: fix the recipe or --set {key}=..."
+            f"'{key}' must be {_a(_type_name(tp))}, got {value!r}: fix the recipe or --set {key}=..."
         ) from None
-    return value
 
 
 def load_recipe(path: str | Path | None) -> dict[str, Any]:
@@ -122,7 +178,16 @@ def load_recipe(path: str | Path | None) -> dict[str, Any]:
     if not p.is_file():
         raise ReasonRLError(f"recipe {p} not found: pass an existing file to --config (see stages/)")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ReasonRLError(f"recipe {p} cannot be read ({e.strerror or type(e).__name__}): pass a readable file to --config") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ReasonRLError(f"recipe {p} is not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}): save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ReasonRLError(f"recipe {p} is not valid TOML ({e}): fix that line") from None
 
@@ -161,6 +226,10 @@ def build_config(cls: type[T], *layers: dict[str, Any]) -> T:
             if v is None:
                 continue
             k = k.replace("-", "_")
+            whole = next((f for f in secs if k == f.name and k != f.metadata["table"]), None)
+            if whole is not None:
+                t = whole.metadata["table"]
+                raise ReasonRLError(f"'{k}' is set key by key: --set {t}.KEY=VALUE, the recipe's [{t}] table, or the options in `--help`")
             sec = next((f for f in secs if k == f.metadata["table"] or k.startswith(f.metadata["table"] + ".")), None)
             if sec is not None and k not in own or (sec is not None and isinstance(v, dict)):
                 if isinstance(v, dict):

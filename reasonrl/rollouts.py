@@ -90,19 +90,22 @@ def generate_rollouts(
     """Sample ``params.n`` responses for each row; return one list of samples per kept prompt.
 
     ``group_ids[i]`` names row i's group (default: its position); ``params.seeds``, when given, has
-    one seed per row. Rows whose prompt is longer than ``max_prompt_len`` are skipped and counted.
+    one seed per row. Rows whose prompt is longer than ``max_prompt_len`` are skipped and counted
+    (one with more characters than that many tokens can have without being tokenised:
+    :func:`reasonrl.models.tokens.fitting_ids`).
 
     Progress goes to ``display`` (a ``reasonrl.progress.Display``; default: the current one, if
     any): a generation bar fed by the engine's ``progress`` callback (responses done of all, tok/s,
     ETA) and a scoring line. Without a display the engine gets one plain call, as always."""
     from reasonrl.data.prepared import ground_truth  # (reasonrl.data imports sympy: lazily)
+    from reasonrl.models.tokens import fitting_ids
 
     stats = RolloutStats()
     texts, ids, kept = [], [], []
     for i, row in enumerate(rows):
         text = prompt_text(row, tokenizer)
-        tok_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(tok_ids) > max_prompt_len:
+        tok_ids = fitting_ids(text, tokenizer, max_prompt_len)  # (a prompt far too long is not tokenised)
+        if tok_ids is None:
             stats.skipped_long_prompts += 1
             continue
         texts.append(text)

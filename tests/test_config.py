@@ -64,3 +64,130 @@ def test_list_options_take_brackets_and_empties() -> None:
     assert build_config(PrepareConfig, {"inputs": "a", "decontaminate": ""}).decontaminate == []
     assert build_config(PrepareConfig, {"inputs": "a", "decontaminate": '[aime24, "math500"]'}).decontaminate == ["aime24", "math500"]
     assert build_config(PrepareConfig, {"inputs": "a", "decontaminate": [""]}).decontaminate == []
+
+
+# --- issue 20 item 15: values every field of a type must reject, and recipes that cannot be read -------
+
+
+def _stage_classes():
+    from reasonrl.stages.eval import EvalConfig
+    from reasonrl.stages.main_job import MainJobConfig
+    from reasonrl.stages.prepare_data import PrepareConfig
+    from reasonrl.stages.pretrain_value import PretrainValueConfig
+    from reasonrl.stages.report import ReportConfig
+    from reasonrl.stages.rollout import RolloutConfig
+
+    base = {PrepareConfig: {"inputs": "a"}, ReportConfig: {"runs": "r"}}
+    return [(cls, base.get(cls, {})) for cls in (TrainConfig, EvalConfig, RolloutConfig, PretrainValueConfig, PrepareConfig, MainJobConfig, ReportConfig)]
+
+
+def _float_keys():
+    """(config class, its required keys, key, inf allowed) for every float field of every stage
+    config and of AlgoSpec (through train's --algo overrides)."""
+    import typing
+
+    from reasonrl.config import base_type
+
+    out = []
+    for cls, base in _stage_classes():
+        hints = typing.get_type_hints(cls)
+        out += [(cls, base, f.name, bool(f.metadata.get("inf_ok"))) for f in dataclasses.fields(cls) if base_type(hints[f.name])[0] is float]
+    hints = typing.get_type_hints(AlgoSpec)
+    out += [(TrainConfig, {}, f.name, bool(f.metadata.get("inf_ok"))) for f in dataclasses.fields(AlgoSpec) if base_type(hints[f.name])[0] is float]
+    return out
+
+
+FLOATS = _float_keys()
+
+
+@pytest.mark.parametrize("cls,base,key,inf_ok", FLOATS, ids=[f"{c.__name__}.{k}" for c, _, k, _ in FLOATS])
+def test_no_float_knob_takes_nan(cls, base, key, inf_ok) -> None:
+    for nan in ("nan", float("nan"), "-nan"):
+        with pytest.raises(ReasonRLError, match=f"'{key}' must be a finite float"):
+            build_config(cls, base, {key: nan})
+    if inf_ok:  # an upper bound that inf turns off
+        assert build_config(cls, base, {key: "inf"})
+    else:
+        with pytest.raises(ReasonRLError, match=f"'{key}' must be a finite float, got"):
+            build_config(cls, base, {key: float("inf")})
+    with pytest.raises(ReasonRLError, match=key):
+        build_config(cls, base, {key: "-inf"})
+
+
+def test_the_float_table_is_complete() -> None:
+    keys = {k for _, _, k, _ in FLOATS}
+    assert {"eps_high", "eps_low", "lr", "critic_lr", "temperature", "top_p", "oversample", "val_fraction", "gamma", "tis_cap"} <= keys
+    assert {k for _, _, k, inf in FLOATS if inf} == {"eps_high", "cispo_weight_max", "cov_clip_high"}
+
+
+def test_algospec_itself_refuses_nan() -> None:
+    from reasonrl.algos import ALGOS
+
+    with pytest.raises(ValueError, match="eps_high must be a finite number"):
+        ALGOS["dapo"].replace(eps_high=float("nan"))
+    with pytest.raises(ValueError, match="dual_clip must be a finite number, got inf"):
+        AlgoSpec(dual_clip=float("inf"))
+    assert AlgoSpec(eps_high=float("inf")).eps_high == float("inf")
+
+
+def test_eps_high_nan_is_refused_before_the_run(prepared, tiny_model, tmp_path) -> None:
+    """The probe's trial: accepted, the run diverged three steps later ('try a lower --lr')."""
+    r = run_cli("train", "--set", "algo.eps_high=nan", "--data", prepared, "--model", tiny_model, "--out", tmp_path / "r", "--engine", "hf",
+                "--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-response-len", "4")
+    assert_user_error(r, "'eps_high' must be a finite float", "got 'nan'")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_seed_out_of_range_is_one_line(prepared, tiny_model, tmp_path) -> None:
+    """The probe's trial: 'Overflow when unpacking long long' traceback. The bound is numpy's
+    2**32 - 1: vLLM seeds numpy's global generator with the engine's seed."""
+    import numpy as np
+
+    r = run_cli("train", "--set", "seed=99999999999999999999999", "--data", prepared, "--model", tiny_model, "--out", tmp_path / "r",
+                "--engine", "hf", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-response-len", "4")
+    assert_user_error(r, "'seed' is out of range", "99999999999999999999999")
+    assert not (tmp_path / "r").exists()
+    for cls, base in _stage_classes():
+        if "seed" in {f.name for f in dataclasses.fields(cls)}:
+            for seed in (2**32, -1, 2**63):
+                with pytest.raises(ReasonRLError, match="seed"):
+                    build_config(cls, base, {"seed": seed})
+            assert build_config(cls, base, {"seed": 2**32 - 1}).seed == 2**32 - 1
+    np.random.seed(2**32 - 1)  # the bound is numpy's own
+    with pytest.raises(ValueError):
+        np.random.seed(2**32)
+
+
+@pytest.mark.parametrize("text,needles", [
+    (b'steps = 2\nlr = "\xff\xfe"\n', ["is not UTF-8 text (byte 0xff on line 2)", "save it as UTF-8"]),
+    (b'steps = 2\nlr = \n', ["is not valid TOML", "line 2"]),
+    (b'steps = "abc"\n', ["'steps' must be an int, got 'abc'"]),
+    (b'steps = [1, 2]\n', ["'steps' must be an int, got [1, 2]"]),
+    (b'steps = 1.5\n', ["'steps' must be an int, got 1.5"]),
+    (b'steps = true\n', ["'steps' must be an int, got True"]),
+    (b'steps = 1979-05-27\n', ["'steps' must be an int"]),
+    (b'lr = "fast"\n', ["'lr' must be a float, got 'fast'"]),
+    (b'lr = nan\n', ["'lr' must be a finite float, got nan"]),
+    (b'out = [1]\n', ["'out' must be a str, got [1]"]),
+    (b'quiet = 1\n', ["'quiet' must be a bool, got 1"]),
+    (b'report_to = [["tensorboard"]]\n', ["'report_to' must be a list of str"]),
+    (b'max_response_len = 99999999999999999999\n', ["'max_response_len' is out of range"]),
+    (b'algo_overrides = 1\n', ["'algo_overrides' is set key by key", "[algo]"]),
+    (b'[algo]\neps_high = "wide"\n', ["'eps_high' must be a float, got 'wide'"]),
+])
+def test_recipe_type_errors_are_one_line(tmp_path, text, needles) -> None:
+    recipe = tmp_path / "r.toml"
+    recipe.write_bytes(text)
+    line = assert_user_error(run_cli("train", "--config", recipe, "--data", tmp_path / "none", "--out", tmp_path / "o"), *needles)
+    assert str(recipe) in line or "'" in line  # the file or the key is named
+    assert not (tmp_path / "o").exists()
+
+
+def test_list_items_have_the_list_type() -> None:
+    from reasonrl.stages.eval import EvalConfig
+
+    with pytest.raises(ReasonRLError, match=r"'ks' must be a list of int, got \[1.5\]"):
+        build_config(EvalConfig, {"ks": [1.5]})
+    with pytest.raises(ReasonRLError, match="'ks' must be a list of int"):
+        build_config(EvalConfig, {"ks": "[1, x]"})
+    assert build_config(EvalConfig, {"ks": "[1, 4]"}).ks == [1, 4]

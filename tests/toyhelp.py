@@ -49,3 +49,21 @@ def sft_answer_format(model_dir: Path, out_dir: Path, steps: int = 60, seed: int
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir
+
+
+class CountingTokenizer:
+    """A real tokenizer, the length of each text it is called on recorded in ``calls``; a text
+    longer than ``refuse_over`` characters raises instead (a test then fails at once rather than
+    spending a minute and gigabytes tokenising it)."""
+
+    def __init__(self, tok, refuse_over: int | None = None):
+        self.__dict__.update(tok=tok, calls=[], refuse_over=refuse_over)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def __call__(self, text, **kw):
+        self.calls.append(len(text))
+        if self.refuse_over is not None and len(text) > self.refuse_over:
+            raise AssertionError(f"the tokenizer was called on a text of {len(text)} characters")
+        return self.tok(text, **kw)

@@ -24,6 +24,7 @@ raises ValueError saying what to change.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,17 +40,18 @@ from reasonrl.algos.mismatch import TIS_LEVELS
 __all__ = ["AlgoSpec", "ALGOS", "get_algo"]
 
 
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _f(default: Any, help: str, *, inf_ok: bool = False) -> Any:
+    """A documented field; ``inf_ok``: a float that may be ``inf`` (an upper bound it turns off)."""
+    return field(default=default, metadata={"help": help, "inf_ok": inf_ok})
 
 
 def _default(cls: type, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
-def _loss(name: str, help: str) -> Any:
+def _loss(name: str, help: str, *, inf_ok: bool = False) -> Any:
     """A policy-loss knob: its default is declared once, in ``LossParams`` (``loss_params`` passes it on)."""
-    return _f(_default(LossParams, name), help)
+    return _f(_default(LossParams, name), help, inf_ok=inf_ok)
 
 
 def _adv(name: str, help: str) -> Any:
@@ -80,13 +82,14 @@ class AlgoSpec:
         "'cispo' (clipped, detached IS weight), 'clip-cov' / 'kl-cov' (covariance-based token selection, arXiv 2505.22617).",
     )
     eps_low: float = _loss("eps_low", "Lower clip: the ratio is clipped at 1 - eps_low (A < 0); in [0, 1], 1: no lower clip.")
-    eps_high: float = _loss("eps_high", "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28).")
+    eps_high: float = _loss("eps_high", "Upper clip: the ratio is clipped at 1 + eps_high (A > 0; DAPO Clip-Higher: 0.28; inf: no upper clip).", inf_ok=True)
     dual_clip: float | None = _loss("dual_clip", "Dual-clip constant c > 1: per-token loss capped at c*|A| when A < 0 (None: off; usual 3).")
     cispo_weight_min: float = _loss("cispo_weight_min", "CISPO: floor of the detached IS weight, an absolute value: w = clamp(r, min, max) (MiniMax-M1: none, 0).")
-    cispo_weight_max: float = _loss("cispo_weight_max", "CISPO: cap of the detached IS weight, an absolute value, not 1 + eps (ScaleRL: 5; verl's clip_ratio_high 0.2 means 1.2).")
+    cispo_weight_max: float = _loss("cispo_weight_max", "CISPO: cap of the detached IS weight, an absolute value, not 1 + eps (ScaleRL: 5; verl's clip_ratio_high 0.2 means 1.2; inf: no cap).",
+                                    inf_ok=True)
     cov_clip_ratio: float = _loss("cov_clip_ratio", "Clip-Cov: fraction r of counted tokens whose gradient is cut, drawn at random among the candidates (paper: 2e-4).")
     cov_clip_low: float = _loss("cov_clip_low", "Clip-Cov: candidates have cov_clip_low < Cov(logp, A) < cov_clip_high, strict (paper: omega = (1, 5)).")
-    cov_clip_high: float = _loss("cov_clip_high", "Clip-Cov: upper covariance bound of the candidates (paper: 5).")
+    cov_clip_high: float = _loss("cov_clip_high", "Clip-Cov: upper covariance bound of the candidates (paper: 5; inf: none).", inf_ok=True)
     kl_cov_ratio: float = _loss("kl_cov_ratio", "KL-Cov: fraction k of counted tokens, those of largest Cov(logp, A), that get the KL penalty (paper: 2e-3 for 7B, 2e-4 for 32B).")
     kl_cov_coef: float = _loss("kl_cov_coef", "KL-Cov: beta, weight of |logp - logp_old| on the selected tokens (paper: 1).")
     pos_lm_coef: float = _f(
@@ -120,6 +123,11 @@ class AlgoSpec:
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
             raise ValueError(f"algo '{self.name}': {msg}")
+
+        for f in dataclasses.fields(self):  # every float knob: never NaN, infinite only where it turns a bound off
+            v = getattr(self, f.name)
+            if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and not f.metadata.get("inf_ok"))):
+                bad(f"{f.name} must be a finite number{' (or inf: no bound)' if f.metadata.get('inf_ok') else ''}, got {v}")
 
         if self.advantage not in ADVANTAGE_ESTIMATORS:
             bad(f"advantage must be one of {', '.join(sorted(ADVANTAGE_ESTIMATORS))}, got '{self.advantage}'")

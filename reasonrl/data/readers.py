@@ -175,6 +175,12 @@ def _read_saved(path: Path) -> Iterator[Record]:
 # ---------------------------------------------------------------------------------------------
 
 
+def field_names(data: dict[str, Any], limit: int = 20) -> str:
+    """The fields of a record for messages: its keys, and ``key.sub`` for a nested record's keys."""
+    names = [n for k, v in data.items() for n in ([k] + ([f"{k}.{s}" for s in v] if isinstance(v, dict) else []))]
+    return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "") if names else "none"
+
+
 def _get(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     cur: Any = data
     for part in dotted.split("."):
@@ -242,14 +248,15 @@ def extract_fields(rec: Record, *, problem_field: str | None = None, answer_fiel
     if problem_field:
         found, problem = _get(data, problem_field)
         if not found:
-            raise BadRow(rec.source, rec.where, f"no '{problem_field}' field (from --problem-field)")
+            raise BadRow(rec.source, rec.where, f"no '{problem_field}' field (from --problem-field; its fields: {field_names(data)})")
     else:
         for name in PROBLEM_FIELDS:
             if name in data and data[name] is not None:
                 problem = data[name]
                 break
         else:
-            raise BadRow(rec.source, rec.where, f"no problem field (looked for {', '.join(PROBLEM_FIELDS)}); pass --problem-field NAME")
+            raise BadRow(rec.source, rec.where, f"no problem field (looked for {', '.join(PROBLEM_FIELDS)}; its fields: {field_names(data)}); "
+                                                "pass --problem-field NAME")
     if isinstance(problem, list):  # verl's chat messages
         problem = _chat_problem(problem, data)
     if not isinstance(problem, str) or not problem.strip():
@@ -267,8 +274,9 @@ def extract_fields(rec: Record, *, problem_field: str | None = None, answer_fiel
             break
     else:
         if answer_field:
-            raise BadRow(rec.source, rec.where, f"no '{answer_field}' field (from --answer-field)")
-        raise BadRow(rec.source, rec.where, f"no answer field (looked for {', '.join(ANSWER_FIELDS)}); pass --answer-field NAME")
+            raise BadRow(rec.source, rec.where, f"no '{answer_field}' field (from --answer-field; its fields: {field_names(data)})")
+        raise BadRow(rec.source, rec.where, f"no answer field (looked for {', '.join(ANSWER_FIELDS)}; its fields: {field_names(data)}); "
+                                            "pass --answer-field NAME")
     if answer is None or (isinstance(answer, float) and not math.isfinite(answer)):
         raise NoAnswer(f"{name} is {answer!r}")
     if isinstance(answer, str) and not _valid_unicode(answer):

@@ -1,5 +1,6 @@
 """Models: the embedded default (SmolLM2-135M-Instruct from a GGUF), any local HF directory,
-the tiny test model, and the value model (policy backbone + scalar head)."""
+the tiny test model, the value model (policy backbone + scalar head), and ``tokens`` (how many
+characters a prompt of N tokens can have: a longer one is skipped without being tokenised)."""
 
 from reasonrl.models.loading import (
     DEFAULT_MODEL,

@@ -37,6 +37,9 @@ class EvalConfig(ModelOpts, DecodeOpts, TrackOpts):
     max_prompt_len: int = opt(2048, "Prompts longer than this are skipped and counted.")
     max_problems: int | None = opt(None, "Evaluate only the first N distinct problems.")
     template: str = opt("dapo", "Prompt template for raw problems: dapo, boxed, none, fewshot or dapo-fewshot.")
+    problem_field: str | None = opt(None, "Field of a data file's rows holding the problem (dotted for nested fields); default: problem, question or prompt.")
+    answer_field: str | None = opt(None, "Field of a data file's rows holding the answer (dotted for nested fields); default: answer, final_answer, "
+                                         "reward_model.ground_truth, ground_truth, or the last \\boxed{} of solution.")
     ks: list[int] = opt([1, 8], "pass@k values reported besides pass@n.")
     bootstrap: int = opt(1000, "Bootstrap resamples for the confidence intervals.")
     out: str = opt("runs/eval", "Output directory: results.json, samples.jsonl, manifest.json.")
@@ -73,13 +76,17 @@ def dataset_files(dataset: str) -> list[Path]:
     return input_files(p)
 
 
-def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
+def load_problems(dataset: str, template: str, *, problem_field: str | None = None, answer_field: str | None = None) -> list[dict[str, Any]]:
     """Rows in the prepared (verl) shape: prompt messages, reward_model.ground_truth, data_source,
     and ``extra_info.where`` (file and row, for messages). Replicated rows are kept: see
-    :func:`reasonrl.evaluation.problems.merge_replicas`."""
+    :func:`reasonrl.evaluation.problems.merge_replicas`. ``problem_field`` / ``answer_field``
+    name the fields of a data file's rows (default: found by name, ``reasonrl.data.readers``)."""
     from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, read_records
     from reasonrl.data.templates import messages_for
 
+    if _is_prepared(dataset) and (problem_field or answer_field):
+        raise ReasonRLError(f"--problem-field / --answer-field name the fields of a data file, but {dataset} is a prepare-data directory "
+                            "(its rows have fixed fields): drop them, or pass the data file itself")
     if _is_prepared(dataset):
         from reasonrl.data import load_prepared
 
@@ -92,7 +99,9 @@ def load_problems(dataset: str, template: str) -> list[dict[str, Any]]:
         bad: list[BadRow] = []
         for rec in read_records(f, skip_bad_rows=False, bad=bad):
             try:
-                fields = extract_fields(rec)
+                fields = extract_fields(rec, problem_field=problem_field, answer_field=answer_field)
+                if not str(fields.answer).strip():
+                    raise NoAnswer(f"{fields.answer_field} is empty")
             except BadRow as e:
                 raise ReasonRLError(f"{e}: every evaluation row needs a problem and an answer") from None
             except NoAnswer as e:
@@ -171,7 +180,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     from reasonrl.tracking import RunLog
 
     console = console or Console(stderr=True)
-    loaded = load_problems(cfg.dataset, cfg.template)
+    loaded = load_problems(cfg.dataset, cfg.template, problem_field=cfg.problem_field, answer_field=cfg.answer_field)
     problems = merge_replicas(loaded, [r["extra_info"]["where"] for r in loaded])
     rows = problems.rows[: cfg.max_problems] if cfg.max_problems else problems.rows
     if problems.merged_rows:

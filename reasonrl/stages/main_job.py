@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.bundled import bundled
-from reasonrl.config import build_config, check, load_recipe, opt, recipe_layer
+from reasonrl.config import build_config, check, check_seed, load_recipe, opt, recipe_layer
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import claim, releases_claims
 from reasonrl.stages.options import TrackOpts
@@ -36,6 +36,7 @@ class MainJobConfig(TrackOpts):
 
     def __post_init__(self) -> None:
         self._check_tracking()
+        check_seed(self.seed)
         check(self.aime_problems >= 0, "aime_problems must be >= 0")
 
 

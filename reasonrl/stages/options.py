@@ -11,18 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.config import check, opt
+from reasonrl.config import check, check_seed, opt
 from reasonrl.engines.base import EngineOptions
 
 
 @dataclass
 class ModelOpts(EngineOptions):
     model: str = opt("default", "Policy: an HF model directory, a finished train run, or 'default' for the embedded SmolLM2-135M-Instruct.")
-    seed: int = opt(0, "Random seed (data order, sampling, initialisation).")
+    seed: int = opt(0, "Random seed (data order, sampling, initialisation), in [0, 2**32 - 1].")
     allow_pickle: bool = opt(False, "Load model directories whose weights are pickle files (.bin/.pt), which can run code when loaded; default: safetensors only.")
 
     def _check_model(self) -> None:
         self._check_engine()
+        check_seed(self.seed)
 
     def policy_dir(self) -> Path:
         """The policy's HF directory (``model`` resolved), its weights checked (safetensors unless --allow-pickle)."""

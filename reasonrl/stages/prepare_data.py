@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reasonrl.artifacts import write_json, write_manifest
-from reasonrl.config import check, opt, to_dict
+from reasonrl.config import check, check_seed, opt, to_dict
 from reasonrl.data.decontaminate import EvalIndex, normalise_text
 from reasonrl.data.prepared import SPLITS, STAGE
 from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
@@ -64,6 +64,7 @@ class PrepareConfig(ProgressOpts):
     rewriter_engine: str = opt("hf", help="Generation engine for --rewriter: hf, vllm or auto.")
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         check(isinstance(self.inputs, list) and len(self.inputs) > 0, "inputs is empty: pass one or more data files or directories")
         check(bool(str(self.out).strip()), "out is empty: pass an output directory with --out")
         check(self.template in ALL_TEMPLATES, f"template must be one of {', '.join(ALL_TEMPLATES)}, got '{self.template}'")

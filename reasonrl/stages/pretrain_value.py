@@ -27,7 +27,7 @@ import torch
 
 from reasonrl import algos as A
 from reasonrl.artifacts import write_json, write_manifest
-from reasonrl.config import check, opt, to_dict
+from reasonrl.config import SEED_MAX, check, opt, to_dict
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.tracking.base import TRACKER_OUTPUTS
 from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
@@ -142,7 +142,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     critic = new_value_model(init_dir, seed=cfg.seed).to(default_device())
     critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
     spec = value_spec(cfg.lam_actor)
-    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed + rank, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+    engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len)
     scorer = RewardScorer()
     collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
                                       overlong_cache_len=0) for r in (rows, held_rows))

@@ -116,10 +116,12 @@ def critic_dir(path: str | Path) -> Path:
 
 def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, console: Any) -> list[dict[str, Any]]:
     """The rows whose chat prompt fits ``max_prompt_len`` tokens; the others are dropped and counted
-    once, up front (a run where none fits is an error, not a run that trains on nothing)."""
+    once, up front (a run where none fits is an error, not a run that trains on nothing). A prompt
+    with more characters than that many tokens can have is dropped without being tokenised."""
+    from reasonrl.models.tokens import fitting_ids
     from reasonrl.rollouts import prompt_text
 
-    fit = [r for r in rows if len(tokenizer(prompt_text(r, tokenizer), add_special_tokens=False)["input_ids"]) <= max_prompt_len]
+    fit = [r for r in rows if fitting_ids(prompt_text(r, tokenizer), tokenizer, max_prompt_len) is not None]
     if not fit:
         raise ReasonRLError(f"every one of the {len(rows)} prompts is longer than --max-prompt-len {max_prompt_len} tokens: raise it")
     if len(fit) < len(rows) and console is not None:

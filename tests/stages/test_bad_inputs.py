@@ -88,3 +88,74 @@ def test_pickle_weights_are_refused_unless_allowed(prepared, tiny_model, tmp_pat
 def test_every_prompt_too_long_is_an_error(prepared, tiny_model, tmp_path):
     r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "r", "--engine", "hf", "--max-prompt-len", "2")
     assert_user_error(r, "longer than --max-prompt-len 2", "raise it")
+
+
+def test_verl_parquet_columns_are_checked_before_training(tiny_model, tmp_path):
+    """Issue 20 item 13: without reward_model, train ran to rc 0 with every ground truth "" (every
+    reward -1); without prompt, or with a prompt that is not a list of messages, a traceback."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    msg = [{"role": "user", "content": "What is 1 + 1?"}]
+    cases = {
+        "no_reward_model": ([{"prompt": msg, "data_source": "x"}] * 4, "no 'reward_model' column (its columns: prompt, data_source)"),
+        "no_prompt": ([{"reward_model": {"ground_truth": "2"}}] * 4, "no 'prompt' column"),
+        "int_prompt": ([{"prompt": 7, "reward_model": {"ground_truth": "2"}}] * 4, "row 1: prompt is an int (7)"),
+    }
+    small = ["--model", tiny_model, "--engine", "hf", "--dtype", "fp32", "--max-response-len", "4", "--group-size", "2"]
+    for name, (rows, needle) in cases.items():
+        f = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), f)
+        for stage, args in [("train", ["--algo", "grpo", "--steps", "1", "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "4"]),
+                            ("rollout", []), ("pretrain-value", ["--steps", "1", "--prompts-per-step", "2", "--eval-prompts", "1"])]:
+            out = tmp_path / f"{stage}-{name}"
+            r = run_cli(stage, "--data", f, "--out", out, *small, *args)
+            assert_user_error(r, str(f), needle, "reward_model = {ground_truth: the answer as text}")
+            assert not out.exists()
+
+
+def test_a_50_mb_problem_is_skipped_without_being_tokenised(tiny_model, tmp_path, monkeypatch):
+    """Issue 20 item 14: a 50 MB problem was tokenised in full (68 s, 9.7 GB) to be skipped, a 1 GB
+    one aborted the Rust tokenizer. Now its length in characters, past what --max-prompt-len tokens
+    can hold, skips it (counted) before the tokenizer ever sees it: in rollout, pretrain-value, train
+    and eval."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reasonrl.models import loading
+    from toyhelp import CountingTokenizer
+
+    real, seen = loading.load_tokenizer, []
+
+    def counting(path):
+        seen.append(CountingTokenizer(real(path), refuse_over=1_000_000))
+        return seen[-1]
+
+    monkeypatch.setattr(loading, "load_tokenizer", counting)
+    huge = "What is 1 + 1? " * (50_000_000 // 15)
+    problems = [(f"What is {i} + 1?", str(i + 1)) for i in range(3)] + [(huge, "2")]
+    data = tmp_path / "rl.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}} for q, a in problems]), data)
+    small = ["--model", tiny_model, "--engine", "hf", "--dtype", "fp32", "--max-response-len", "2", "--group-size", "2"]
+
+    r = run_cli("rollout", "--data", data, "--out", tmp_path / "ro", *small)
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "ro" / "summary.json").read_text())
+    assert (summary["skipped_long_prompts"], summary["prompts"]) == (1, 3)
+
+    r = run_cli("pretrain-value", "--data", data, "--out", tmp_path / "pv", "--steps", "1", "--prompts-per-step", "4", "--eval-prompts", "4",
+                "--mini-batch-size", "8", "--micro-batch-size", "8", *small)
+    assert r.exit_code == 0, r.output
+
+    r = run_cli("train", "--data", data, "--out", tmp_path / "tr", "--algo", "grpo", "--steps", "1", "--prompts-per-step", "2",
+                "--mini-batch-size", "4", "--micro-batch-size", "4", *small)
+    assert r.exit_code == 0, r.output
+    assert "1 of 4 prompts are longer than --max-prompt-len 512: skipped" in " ".join(r.output.split())
+
+    f = _jsonl(tmp_path / "ev.jsonl", [{"problem": q, "answer": a} for q, a in problems])
+    r = run_cli("eval", "file", "--dataset", f, "--out", tmp_path / "ev", "--n", "1", "--bootstrap", "10", *small[:-2])
+    assert r.exit_code == 0, r.output
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert (results["skipped_long_prompts"], results["problems"]) == (1, 3)
+
+    assert len(seen) >= 4 and max(n for tok in seen for n in tok.calls) < 1_000_000  # (each stage loaded its tokenizer here)

@@ -112,3 +112,43 @@ def test_dapo_aime_file_is_30_problems(tiny_model, tmp_path):
     assert "evaluating the first 2 of 30 distinct problems" in flat(r.output)
     res = json.loads((tmp_path / "ev2" / "results.json").read_text())
     assert (res["problems"], res["responses"], res["data"]["problems"]) == (2, 8, 30)
+
+
+def test_problem_and_answer_fields_are_options(tiny_model, prepared, tmp_path):
+    """Issue 20 item 16: eval advised --problem-field / --answer-field, options it did not have, so a
+    file whose answer is in `final` could not be evaluated without prepare-data."""
+    f = tmp_path / "final.jsonl"
+    rows = [{"id": i, "q": f"What is {i} + 1?", "meta": {"final": str(i + 1)}} for i in range(3)]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "ev"
+    r = run_cli("eval", "file", "--dataset", f, "--model", tiny_model, "--out", out, "--n", "2", "--problem-field", "q",
+                "--answer-field", "meta.final", *FAST)
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert (res["problems"], res["responses"]) == (3, 6)
+    assert [s["ground_truth"] for s in samples_of(out)[::2]] == ["1", "2", "3"]
+    config = json.loads((out / "manifest.json").read_text())["config"]
+    assert (config["problem_field"], config["answer_field"]) == ("q", "meta.final")
+
+    flat_file = tmp_path / "flat.jsonl"
+    flat_file.write_text("".join(json.dumps({"problem": r["q"], "final": r["meta"]["final"]}) + "\n" for r in rows))
+    r = run_cli("eval", "file", "--dataset", flat_file, "--model", tiny_model, "--out", tmp_path / "ev2", "--n", "1", "--answer-field", "final", *FAST)
+    assert r.exit_code == 0, r.output
+    assert [s["ground_truth"] for s in samples_of(tmp_path / "ev2")] == ["1", "2", "3"]
+
+    # a wrong name: one line listing the file's fields; the advice of the auto-detection names the option that now exists
+    r = run_cli("eval", "file", "--dataset", f, "--model", tiny_model, "--out", tmp_path / "ev3", "--problem-field", "q", "--answer-field", "final", *FAST)
+    assert_user_error(r, "line 1: no 'final' field (from --answer-field; its fields: id, q, meta, meta.final)")
+    r = run_cli("eval", "file", "--dataset", flat_file, "--model", tiny_model, "--out", tmp_path / "ev3", *FAST)
+    assert_user_error(r, "no answer field", "its fields: problem, final", "pass --answer-field NAME")
+    r = run_cli("eval", "file", "--dataset", prepared, "--model", tiny_model, "--out", tmp_path / "ev3", "--answer-field", "final", *FAST)
+    assert_user_error(r, "prepare-data directory", "drop them")
+    assert not (tmp_path / "ev3").exists()
+
+
+def test_an_empty_answer_is_refused(tiny_model, tmp_path):
+    """An empty answer made every reward of its problem -1, silently."""
+    f = tmp_path / "e.jsonl"
+    f.write_text('{"problem": "What is 1 + 1?", "answer": "2"}\n{"problem": "What is 2 + 2?", "answer": " "}\n')
+    r = run_cli("eval", "file", "--dataset", f, "--model", tiny_model, "--out", tmp_path / "ev", "--n", "1", *FAST)
+    assert_user_error(r, "e.jsonl line 2: answer is empty", "needs an answer")
