@@ -48,7 +48,7 @@ def test_divergence_stops_with_one_line_and_no_nan_on_disk(prepared, tiny_model,
 
 
 def test_bad_numbers_are_refused(prepared, tiny_model, tmp_path):
-    for flag, value, needle in [("--lr", "inf", "lr and critic_lr must be finite"), ("--grad-clip", "-1", "grad_clip"),
+    for flag, value, needle in [("--lr", "inf", "'lr' must be a finite float"), ("--grad-clip", "-1", "grad_clip"),
                                 ("--top-k", "0", "top_k"), ("--temperature", "inf", "temperature"), ("--weight-decay", "-0.1", "weight_decay"),
                                 ("--kl-coef", "-1", "kl_coef"), ("--lam-actor", "1.5", "lam_actor")]:
         r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "x", "--steps", "1", *SMALL, flag, value)
