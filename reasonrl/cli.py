@@ -78,11 +78,13 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
                                     default=typer.Option(False, console.VERBOSE_FLAG, help=console.VERBOSE_HELP)))
 
     def command(**kwargs: Any) -> None:
+        from reasonrl.interrupts import sigterm_raises
+
         recipe_path = kwargs.pop("config", None)
         sets = kwargs.pop("set_", None)
         if not kwargs.pop("verbose", False):
             console.quiet_libraries()  # (main() did it already, before the libraries were imported)
-        with _user_errors(stage or name):
+        with _user_errors(stage or name), sigterm_raises():  # (a SIGTERM: Interrupted, here or held from before)
             stages = sorted({c.name for c in app.registered_commands if c.name and not c.hidden} | {"eval"})
             recipe = recipe_layer(load_recipe(recipe_path), stage or name, cls, stages)
             explicit = {k: v for k, v in kwargs.items() if v is not None and v != []}
@@ -177,17 +179,18 @@ def main() -> None:
     # any of them is imported, since several read their switches at import time.
     if not console.wants_verbose(sys.argv[1:]):
         console.quiet_libraries()
-    # SIGTERM (a scheduler's stop) unwinds like Ctrl-C: `finally` blocks run, one line, exit 143.
-    from reasonrl.interrupts import exit_line, raise_on_sigterm
+    # SIGTERM (a scheduler's stop) unwinds a stage like Ctrl-C: `finally` blocks run, one line, exit 143
+    # (one that comes earlier is held until the stage starts: typer would turn it into a silent exit 130).
+    from reasonrl.interrupts import exit_line, hold_sigterm
 
-    raise_on_sigterm()
+    hold_sigterm()
     try:
         _register()  # (imports torch: seconds)
         app()
     except ReasonRLError as e:  # raised outside a stage command
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt as e:  # (a stage's own are handled by _user_errors)
+    except KeyboardInterrupt as e:  # Ctrl-C while importing (a stage's own are handled by _user_errors)
         line, code = exit_line(e, "reasonrl")
         if line:
             print(line, file=sys.stderr)

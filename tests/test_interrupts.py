@@ -1,6 +1,6 @@
-"""reasonrl.interrupts with real signals sent to this process: SIGTERM raises like Ctrl-C; the
-training loop's stop abandons a step only before its update, answers a second signal at once
-(not an echo of the first), and puts the handlers back."""
+"""reasonrl.interrupts with real signals sent to this process: SIGTERM raises like Ctrl-C (once);
+the training loop's stop drops a step only before its update, answers a second signal at once (not
+an echo of the first), ignores signals while the loop closes, and puts the handlers back."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from reasonrl.interrupts import Interrupted, StepAbandoned, StepStop, exit_line, raise_on_sigterm
+from reasonrl.interrupts import Interrupted, StepAbandoned, StepStop, exit_line, hold_sigterm, sigterm_raises
 from reasonrl.train.ranks import Ranks
 
 
@@ -28,10 +28,22 @@ def _signal(sig: int = signal.SIGTERM) -> None:
 
 
 def test_sigterm_raises_interrupted_a_keyboard_interrupt():
-    raise_on_sigterm()
+    hold_sigterm()
+    closed = False
     with pytest.raises(Interrupted) as e:
-        _signal()
-    assert isinstance(e.value, KeyboardInterrupt) and e.value.signum == signal.SIGTERM
+        with sigterm_raises():  # a stage
+            try:
+                _signal()
+            finally:
+                _signal()  # while it unwinds (its finally blocks), another SIGTERM is ignored
+                closed = True
+    assert closed and isinstance(e.value, KeyboardInterrupt) and e.value.signum == signal.SIGTERM
+
+    hold_sigterm()
+    _signal()  # before the stage starts (imports, parsing): held ...
+    with pytest.raises(Interrupted):
+        with sigterm_raises():  # ... and raised as it starts
+            pass
     line, code = exit_line(e.value, "eval")
     assert code == 143 and line is not None and line.startswith("stopped by SIGTERM: eval did not finish") and "\n" not in line
     assert exit_line(KeyboardInterrupt(), "report")[1] == 130  # Ctrl-C
@@ -47,8 +59,8 @@ def test_exit_line_is_quiet_on_other_ranks(monkeypatch):
 
 def test_step_stop_abandons_only_before_the_update_and_restores_handlers():
     prev = signal.getsignal(signal.SIGTERM)
-    stop = StepStop(Ranks(), repeat_s=3600)
-    stop.install()
+    stop = StepStop(repeat_s=3600)
+    stop.install(Ranks())
     try:
         stop.begin_step()
         with pytest.raises(StepAbandoned):  # collecting: dropped at once
@@ -59,10 +71,10 @@ def test_step_stop_abandons_only_before_the_update_and_restores_handlers():
         _signal()  # a repeat within repeat_s (torchrun forwarding the same Ctrl-C): no effect
     finally:
         stop.uninstall()
-    assert signal.getsignal(signal.SIGTERM) is prev
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # stopped: the process is on its way out
 
-    stop = StepStop(Ranks(), repeat_s=3600)
-    stop.install()
+    stop = StepStop(repeat_s=3600)
+    stop.install(Ranks())
     try:
         stop.begin_step()
         stop.commit()  # the update starts: a signal now only asks to stop after the step
@@ -71,10 +83,24 @@ def test_step_stop_abandons_only_before_the_update_and_restores_handlers():
     finally:
         stop.uninstall()
 
+    signal.signal(signal.SIGTERM, prev)
+    stop = StepStop(repeat_s=0.0)
+    stop.install(Ranks())
+    try:
+        stop.begin_step()
+        stop.commit()
+        stop.closing()  # the loop is over: closing the engine and trackers is not interrupted
+        _signal()
+        _signal()
+        assert not stop.requested()
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is prev  # no stop: the handlers it found are back
+
 
 def test_a_second_signal_abandons_at_once():
-    stop = StepStop(Ranks(), repeat_s=0.0)
-    stop.install()
+    stop = StepStop(repeat_s=0.0)
+    stop.install(Ranks())
     try:
         stop.begin_step()
         stop.commit()

@@ -8,6 +8,7 @@ the same step: a step that has started its updates is finished, one still collec
 (one process) is abandoned and its data position and RNG put back; the last finished step is
 checkpointed (unless it is already), trackers and engine are closed, and one line says how to go on
 (exit 128 + the signal's number). ``--resume`` then continues bitwise as if nothing had happened.
+Once the steps are over signals are ignored: closing and the final outputs take seconds.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def stop_message(cfg: TrainConfig, signum: int, p: TrainProgress, *, again: bool
     from reasonrl.interrupts import signal_name
 
     if again:
-        where = f"again while stopping (abandoned at once, after step {p.finished})" if p.finished else "again while stopping (abandoned at once)"
+        where = "again while stopping (abandoned at once)"
     elif p.phase in ("check", "setup"):
         where = "before the first step"
     elif p.phase == "final":
@@ -165,12 +166,12 @@ def stop_message(cfg: TrainConfig, signum: int, p: TrainProgress, *, again: bool
     else:
         where = f"after step {p.finished}"
     head = f"stopped by {signal_name(signum)} {where}"
-    if p.phase == "check":
-        return f"{head}: nothing written; rerun the same command"
     if p.saved:
         ckpt = f"checkpoint step_{p.saved} {'written' if p.written else 'is the latest'}"
         how = "the same command (it has --resume)" if cfg.resume else "the same command and --resume" + (" (not --overwrite)" if cfg.overwrite else "")
         return f"{head}: {ckpt}; continue with {how}"
+    if p.phase == "check":
+        return f"{head}: nothing written; rerun the same command"
     how = "--overwrite in place of --resume" if cfg.resume else "--overwrite"
     return f"{head}: no checkpoint yet, nothing to resume; start over with the same command and {how}"
 
@@ -179,30 +180,33 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     """Run ``cfg``; a stop by SIGTERM or SIGINT raises ``reasonrl.interrupts.Interrupted`` with its one line."""
     import signal
 
-    from reasonrl.interrupts import Interrupted
+    from reasonrl.interrupts import Interrupted, StepStop
     from reasonrl.train.checkpoint import latest_checkpoint
 
     progress = TrainProgress()
+    handler = StepStop()  # installed for the steps (and ignoring signals while the run closes and ends)
     try:
-        return _train(cfg, console, progress)
+        return _train(cfg, console, progress, handler)
     except Interrupted as e:
         if e.message:  # the step loop's own
             raise
-        again = progress.phase == "steps"  # (a second signal while stopping: StepStop raised it)
+        again = progress.phase == "steps"  # (StepStop's handler: a second signal while stopping)
         stop = e
-    except KeyboardInterrupt:  # SIGINT outside the step loop
+    except KeyboardInterrupt:  # SIGINT before the steps
         again, stop = False, Interrupted(signal.SIGINT)
-    if progress.phase == "setup" and cfg.resume and not progress.saved:
+    finally:
+        handler.uninstall()
+    if progress.phase in ("check", "setup") and cfg.resume and not progress.saved:  # (the checkpoint it was to resume)
         last = latest_checkpoint(Path(cfg.out))
         progress.saved = int(last.name.removeprefix("step_")) if last is not None else 0
     raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress, again=again)) from None
 
 
-def _train(cfg: TrainConfig, console: Any, progress: TrainProgress) -> dict[str, Any]:
+def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -> dict[str, Any]:
     from rich.console import Console
 
     from reasonrl.engines.registry import make_engine
-    from reasonrl.interrupts import Interrupted, StepAbandoned, StepStop
+    from reasonrl.interrupts import Interrupted, StepAbandoned
     from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
@@ -286,9 +290,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress) -> dict[str,
     bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
     runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank)
     bad_steps = 0
-    stop = StepStop(ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts)
     progress.phase = "steps"
-    stop.install()
+    stop.install(ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts.StepStop)
     try:
         display.start()
         for step in range(start + 1, cfg.steps + 1):
@@ -335,12 +338,12 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress) -> dict[str,
             if stopping:
                 break
     finally:
+        stop.closing()  # (signals are ignored from here on: closing, then the one line or the final outputs)
         display.stop()
         runlog.close()
         scorer.close()
         engine.close()
-        stop.uninstall()
-    if stop.signum:
+    if stop.signum and progress.finished < cfg.steps:  # (a stop agreed at the last step's end: the run just finishes)
         raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress), quiet=rank != 0)
     progress.phase = "final"
     if rank == 0:

@@ -33,5 +33,7 @@ def test_nothing_to_resume_says_start_over():
         line = stop_message(_cfg(), signal.SIGTERM, p)
         assert "nothing to resume" in line and "start over with the same command and --overwrite" in line and "--resume" not in line
     assert stop_message(_cfg(), signal.SIGTERM, TrainProgress()).endswith("before the first step: nothing written; rerun the same command")
+    line = stop_message(_cfg(resume=True), signal.SIGTERM, TrainProgress(saved=3))  # (a --resume stopped while it starts)
+    assert line == "stopped by SIGTERM before the first step: checkpoint step_3 is the latest; continue with the same command (it has --resume)"
     line = stop_message(_cfg(), signal.SIGTERM, TrainProgress(phase="final", finished=6, saved=6))
     assert line == "stopped by SIGTERM after step 6, while writing the final policy: checkpoint step_6 is the latest; continue with the same command and --resume"
