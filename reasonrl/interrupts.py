@@ -169,14 +169,16 @@ class StepStop:
             raise StepAbandoned(signal_name(self.signum))
 
     def requested(self) -> bool:
-        """Whether a signal came, on any rank (a collective: every rank calls it at the same point)."""
-        if self.world > 1:
-            import torch
+        """Whether a signal came, on any rank (a collective: every rank calls it at the same point
+        and gets the same answer, even when a signal lands here while it runs)."""
+        if self.world == 1:
+            return bool(self.signum)
+        import torch
 
-            agreed = int(self.ranks.max(torch.tensor([self.signum], dtype=torch.int64))[0])
-            if agreed and not self.signum:  # another rank's: one here soon after is the same stop
-                self.signum, self._t = agreed, time.monotonic()
-        return bool(self.signum)
+        agreed = int(self.ranks.max(torch.tensor([self.signum], dtype=torch.int64))[0])
+        if agreed and not self.signum:  # another rank's: one here soon after is the same stop
+            self.signum, self._t = agreed, time.monotonic()
+        return bool(agreed)  # (not self.signum: a signal after the reduce counts at the next one)
 
     def closing(self) -> None:
         """The loop is over (stopped, finished or failed): what is left is closing the engine and
