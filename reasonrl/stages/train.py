@@ -131,15 +131,6 @@ def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: 
     return fit
 
 
-def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig, last: Path | None) -> str:
-    """The one-line error of the divergence guard: the step, the metric, what to try."""
-    which = next((k for k in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
-                  if k in m and not math.isfinite(float(m[k]))), "a non-finite value")
-    ckpt = f"the last good checkpoint is {last.name}" if last is not None else "no checkpoint was written"
-    return (f"training diverged: {which} was not finite for {bad} steps in a row (up to step {step}, lr {cfg.lr:g}); the run stops, "
-            f"{ckpt}; try a lower --lr or a --grad-clip, then --resume")
-
-
 @dataclass
 class TrainProgress:
     """How far a `train` process got, for the one line printed when a signal stops it."""
@@ -174,6 +165,15 @@ def stop_message(cfg: TrainConfig, signum: int, p: TrainProgress, *, again: bool
         return f"{head}: nothing written; rerun the same command"
     how = "--overwrite in place of --resume" if cfg.resume else "--overwrite"
     return f"{head}: no checkpoint yet, nothing to resume; start over with the same command and {how}"
+
+
+def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig, last: Path | None) -> str:
+    """The one-line error of the divergence guard: the step, the metric, what to try."""
+    which = next((k for k in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
+                  if k in m and not math.isfinite(float(m[k]))), "a non-finite value")
+    ckpt = f"the last good checkpoint is {last.name}" if last is not None else "no checkpoint was written"
+    return (f"training diverged: {which} was not finite for {bad} steps in a row (up to step {step}, lr {cfg.lr:g}); the run stops, "
+            f"{ckpt}; try a lower --lr or a --grad-clip, then --resume")
 
 
 def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:

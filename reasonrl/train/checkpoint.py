@@ -185,8 +185,7 @@ def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend
             why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else (e.strerror or type(e).__name__)
         else:
             why = "a write failed: is the disk full?"
-        again = "rerun with --resume" if prev is not None else "start over with the same command and --overwrite (nothing to resume)"
-        raise ReasonRLError(f"could not write checkpoint step {step} ({why}): {kept}; free space and {again}") from None
+        raise ReasonRLError(f"could not write checkpoint step {step} ({why}): {kept}; free space and rerun with --resume") from None
     if world > 1:
         torch.distributed.barrier()
     if rank == 0 and keep_last > 0:

@@ -110,27 +110,6 @@ def test_a_full_disk_leaves_the_previous_checkpoint(prepared, tiny_model, tmp_pa
     assert not list((out / "checkpoints").glob(".step_*"))
 
 
-def test_a_failed_first_checkpoint_says_start_over(prepared, tiny_model, tmp_path):
-    """The first checkpoint cannot be written (a real file-size limit, EFBIG: the weights fit, the
-    optimizer state, twice their size, does not): there is nothing to resume, so the line says to
-    start over with --overwrite, and that works once there is room."""
-    out = tmp_path / "first"
-    args = ["train", "--model", tiny_model, "--data", prepared, "--out", out, "--steps", "1", *SMALL]
-    size = (Path(tiny_model) / "model.safetensors").stat().st_size
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size * 3 // 2, hard))
-    try:
-        r = run_cli(*args)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old)
-    line = assert_user_error(r, "could not write checkpoint step 1", "no earlier checkpoint", "start over", "--overwrite")
-    assert "--resume" not in line
-    assert not (out / "checkpoints").is_dir() or not list((out / "checkpoints").iterdir())
-    assert run_cli(*args, "--overwrite").exit_code == 0
-
-
 @pytest.mark.vllm
 def test_vllm_resume_draws_the_same_tokens(prepared, format_model, tmp_path):
     """vLLM's per-request seeds: after a resume, step 2 samples exactly the tokens an uninterrupted
