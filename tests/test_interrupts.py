@@ -44,6 +44,9 @@ def test_sigterm_raises_interrupted_a_keyboard_interrupt():
     with pytest.raises(Interrupted):
         with sigterm_raises():  # ... and raised as it starts
             pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with sigterm_raises():  # without the CLI's handler (a stage run in-process): nothing held, nothing raised
+        pass
     line, code = exit_line(e.value, "eval")
     assert code == 143 and line is not None and line.startswith("stopped by SIGTERM: eval did not finish") and "\n" not in line
     assert exit_line(KeyboardInterrupt(), "report")[1] == 130  # Ctrl-C
