@@ -79,11 +79,13 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
                                     default=typer.Option(False, console.VERBOSE_FLAG, help=console.VERBOSE_HELP)))
 
     def command(**kwargs: Any) -> None:
+        from reasonrl.interrupts import sigterm_raises
+
         recipe_path = kwargs.pop("config", None)
         sets = kwargs.pop("set_", None)
         if not kwargs.pop("verbose", False):
             console.quiet_libraries()  # (main() did it already, before the libraries were imported)
-        with _user_errors():
+        with _user_errors(stage or name), sigterm_raises():  # (a SIGTERM: Interrupted, here or held from before)
             stages = sorted({c.name for c in app.registered_commands if c.name and not c.hidden} | {"eval"})
             recipe = recipe_layer(load_recipe(recipe_path), stage or name, cls, stages)
             explicit = {k: v for k, v in kwargs.items() if v is not None and v != []}
@@ -97,7 +99,11 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
 
 
 class _user_errors:
-    """ReasonRLError (and a few well-known user mistakes) → one line on stderr, exit code 1."""
+    """ReasonRLError (and a few well-known user mistakes) → one line on stderr, exit code 1; a stop
+    by SIGINT or SIGTERM (reasonrl.interrupts) → its one line, exit code 128 + the signal's number."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
 
     def __enter__(self) -> None:
         return None
@@ -107,8 +113,13 @@ class _user_errors:
             return False
         if issubclass(et, ReasonRLError):
             msg = str(e).splitlines()[0] if str(e) else et.__name__
-        elif issubclass(et, KeyboardInterrupt):
-            msg = "interrupted (outputs without manifest.json are incomplete: rerun the stage)"
+        elif issubclass(et, KeyboardInterrupt):  # SIGINT; SIGTERM too (Interrupted)
+            from reasonrl.interrupts import exit_line
+
+            line, code = exit_line(e, self.stage)
+            if line:
+                typer.echo(line, err=True)
+            raise typer.Exit(code)
         elif issubclass(et, MemoryError):
             msg = "out of memory: lower --micro-batch-size / --gen-batch-size or --max-response-len"
         elif issubclass(et, OSError):  # a read or write no stage turned into its own message
@@ -172,12 +183,22 @@ def main() -> None:
     # any of them is imported, since several read their switches at import time.
     if not console.wants_verbose(sys.argv[1:]):
         console.quiet_libraries()
-    _register()
+    # SIGTERM (a scheduler's stop) unwinds a stage like Ctrl-C: `finally` blocks run, one line, exit 143
+    # (one that comes earlier is held until the stage starts: typer would turn it into a silent exit 130).
+    from reasonrl.interrupts import exit_line, hold_sigterm
+
+    hold_sigterm()
     try:
+        _register()  # (imports torch: seconds)
         app()
     except ReasonRLError as e:  # raised outside a stage command
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt as e:  # Ctrl-C while importing (a stage's own are handled by _user_errors)
+        line, code = exit_line(e, "reasonrl")
+        if line:
+            print(line, file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -94,8 +94,10 @@ def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None) -> No
 
     _die_with_parent()
     try:
-        # Ctrl-C reaches the whole process group; the parent decides what happens to workers.
+        # Ctrl-C (and a scheduler's SIGTERM) reach the whole process group; the parent decides what
+        # happens to workers (it may finish its step first), and a worker outlives no parent.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if memory_limit_mb:
             import resource
 

@@ -13,6 +13,11 @@ torchrun, each rank on its GPU when there is one. ``prompts_per_step`` and ``min
 global (each rank generates and trains on its share); the held-out batch is generated in shares and
 gathered, so every rank computes the same picture over all of it; rank 0 writes the outputs. Only
 the critic is loaded for training: the policy is sampled by the engine and never scored here.
+
+SIGTERM / SIGINT stop it at once (``reasonrl.interrupts``): the engine, reward workers and trackers
+are closed, no manifest is written (``train`` refuses the directory), one line says to rerun. It keeps
+no checkpoints, so there is nothing to resume: the stage is short next to ``train``, and a critic
+trained for part of its steps is not the one asked for.
 """
 
 from __future__ import annotations

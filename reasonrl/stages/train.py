@@ -2,6 +2,13 @@
 
 Set up the models, backends, engine and data, then run ``reasonrl.train.step.train_step`` once per
 step with checkpoints; write the final policy, ``summary.json`` and the manifest last.
+
+SIGTERM / SIGINT (``reasonrl.interrupts.StepStop``): the run stops at a step boundary, every rank at
+the same step: a step that has started its updates is finished, one still collecting its rollouts
+(one process) is abandoned and its data position and RNG put back; the last finished step is
+checkpointed (unless it is already), trackers and engine are closed, and one line says how to go on
+(exit 128 + the signal's number). ``--resume`` then continues bitwise as if nothing had happened.
+Once the steps are over signals are ignored: closing and the final outputs take seconds.
 """
 
 from __future__ import annotations
@@ -129,6 +136,42 @@ def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: 
     return fit
 
 
+@dataclass
+class TrainProgress:
+    """How far a `train` process got, for the one line printed when a signal stops it."""
+
+    phase: str = "check"  # check (nothing written yet) → setup → steps → final (policy/, summary, manifest)
+    finished: int = 0  # the last finished step (a resumed run starts at its checkpoint's)
+    saved: int = 0  # the last checkpointed step (0: none)
+    written: bool = False  # that checkpoint was written after the signal
+    abandoned: int = 0  # the step dropped before its update
+
+
+def stop_message(cfg: TrainConfig, signum: int, p: TrainProgress, *, again: bool = False) -> str:
+    """The one line of a run stopped by ``signum``: where it stopped, the checkpoint, what to do."""
+    from reasonrl.interrupts import signal_name
+
+    if again:
+        where = "again while stopping (abandoned at once)"
+    elif p.phase in ("check", "setup"):
+        where = "before the first step"
+    elif p.phase == "final":
+        where = f"after step {p.finished}, while writing the final policy"
+    elif p.abandoned:
+        where = f"in step {p.abandoned}, before its update (the step is dropped)"
+    else:
+        where = f"after step {p.finished}"
+    head = f"stopped by {signal_name(signum)} {where}"
+    if p.saved:
+        ckpt = f"checkpoint step_{p.saved} {'written' if p.written else 'is the latest'}"
+        how = "the same command (it has --resume)" if cfg.resume else "the same command and --resume" + (" (not --overwrite)" if cfg.overwrite else "")
+        return f"{head}: {ckpt}; continue with {how}"
+    if p.phase == "check":
+        return f"{head}: nothing written; rerun the same command"
+    how = "--overwrite in place of --resume" if cfg.resume else "--overwrite"
+    return f"{head}: no checkpoint yet, nothing to resume; start over with the same command and {how}"
+
+
 def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig, last: Path | None) -> str:
     """The one-line error of the divergence guard: the step, the metric, what to try."""
     which = next((k for k in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
@@ -140,9 +183,36 @@ def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig,
 
 @releases_claims
 def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
+    """Run ``cfg``; a stop by SIGTERM or SIGINT raises ``reasonrl.interrupts.Interrupted`` with its one line."""
+    import signal
+
+    from reasonrl.interrupts import Interrupted, StepStop
+    from reasonrl.train.checkpoint import latest_checkpoint
+
+    progress = TrainProgress()
+    handler = StepStop()  # installed for the steps (and ignoring signals while the run closes and ends)
+    try:
+        return _train(cfg, console, progress, handler)
+    except Interrupted as e:
+        if e.message:  # the step loop's own
+            raise
+        again = progress.phase == "steps"  # (StepStop's handler: a second signal while stopping)
+        stop = e
+    except KeyboardInterrupt:  # SIGINT before the steps
+        again, stop = False, Interrupted(signal.SIGINT)
+    finally:
+        handler.uninstall()
+    if progress.phase in ("check", "setup") and cfg.resume and not progress.saved:  # (the checkpoint it was to resume)
+        last = latest_checkpoint(Path(cfg.out))
+        progress.saved = int(last.name.removeprefix("step_")) if last is not None else 0
+    raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress, again=again)) from None
+
+
+def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -> dict[str, Any]:
     from rich.console import Console
 
     from reasonrl.engines.registry import make_engine
+    from reasonrl.interrupts import Interrupted, StepAbandoned
     from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
@@ -177,6 +247,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     if world > 1:
         torch.distributed.barrier()
         ckpt = latest_checkpoint(out) if cfg.resume else None
+    progress.phase = "setup"
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype)
     device = default_device()
@@ -196,6 +267,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     if ckpt:
         st = json.loads((ckpt / "trainer_state.json").read_text())
         start = int(st["step"])
+        progress.finished = progress.saved = start
         stream.load(st["data"])
         policy_backend.load_state(ckpt / "policy_state")
         if critic_backend is not None:
@@ -225,11 +297,26 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank,
                     then="the run stops: free space (or fix the cause), then continue from its last checkpoint with --resume")
     bad_steps = 0
+    progress.phase = "steps"
+    stop.install(ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts.StepStop)
     try:
         display.start()
         for step in range(start + 1, cfg.steps + 1):
-            res = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                             on_short_batch=cfg.on_short_batch, perf=perf)
+            rng, data = torch.get_rng_state(), stream.state()  # the state after the last step, should this one be dropped
+            try:
+                stop.begin_step()
+                res = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                                 on_short_batch=cfg.on_short_batch, perf=perf, before_update=stop.commit)
+            except StepAbandoned:  # (a signal while collecting: nothing but the data position and the RNG changed)
+                torch.set_rng_state(rng)
+                stream.load(data)
+                progress.abandoned = step
+                if progress.finished > progress.saved and not bad_steps:
+                    display.status("save checkpoint")
+                    save_checkpoint(out, progress.finished, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
+                                    data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last)
+                    progress.saved, progress.written = progress.finished, True
+                break
             m = res.metrics
             bad_steps = bad_steps + 1 if res.bad_step else 0
             history.append(m)
@@ -246,17 +333,26 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
                     from reasonrl.rollouts import write_rollouts
 
                     write_rollouts(out / "rollouts" / f"step_{step}.parquet", res.samples, step=step)
+            progress.finished = step
             if bad_steps >= cfg.max_bad_steps:
                 raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
-            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps) and not bad_steps:
+            stopping = stop.requested()  # (every rank: the same answer)
+            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping) and not bad_steps:
                 display.status("save checkpoint")
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
                                 data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last)
+                progress.saved, progress.written = step, stopping
+            if stopping:
+                break
     finally:
+        stop.closing()  # (signals are ignored from here on: closing, then the one line or the final outputs)
         display.stop()
         runlog.close()
         scorer.close()
         engine.close()
+    if stop.signum and progress.finished < cfg.steps:  # (a stop agreed at the last step's end: the run just finishes)
+        raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress), quiet=rank != 0)
+    progress.phase = "final"
     if rank == 0:
         final = latest_checkpoint(out)
         if final is None or final.name != f"step_{cfg.steps}":

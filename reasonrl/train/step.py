@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from reasonrl.errors import ReasonRLError
 from reasonrl.rollouts import Sample
@@ -33,11 +33,13 @@ class StepResult:
 
 
 def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int, prompts_per_step: int, group_size: int,
-               on_short_batch: str = "train", perf: Any = None) -> StepResult:
+               on_short_batch: str = "train", perf: Any = None, before_update: Callable[[], None] | None = None) -> StepResult:
     """Run one step; returns its :class:`StepResult`.
 
     ``on_short_batch``: what to do when dynamic sampling hit its round cap before the batch was
     full (``StepResult.short_batch``): "train" on what was kept, "skip" the update, or "error".
+    ``before_update``: called once the rollouts are collected, before anything changes the weights,
+    the optimizer or the LR schedule (``reasonrl.interrupts.StepStop.commit``: it may abandon the step).
     """
     t_step = time.perf_counter()
     m: dict[str, Any] = {"step": step}
@@ -46,6 +48,8 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     #    step, each generating its share and training on an equal share of the kept groups.
     status(f"step {step}: generate + score")
     col = collector.collect(prompts_per_step, step=step)
+    if before_update is not None:
+        before_update()
     short = col.short and collector.spec.dynamic_sampling
     if short:
         m["rollout/short_batch"] = 1

@@ -18,13 +18,27 @@ from reasonrl.errors import ReasonRLError  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 
+_HANDLERS: dict[str, dict] = {}  # SIGTERM / SIGINT handlers around the engine's build
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model):
+    import signal
+
     from reasonrl.engines.vllm_engine import VLLMEngine
 
+    handlers = lambda: {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}  # noqa: E731
+    _HANDLERS["before"] = handlers()
     eng = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
+    _HANDLERS["after"] = handlers()
     yield eng
     eng.close()
+
+
+def test_building_keeps_the_signal_handlers(engine) -> None:
+    """vLLM's engine-core process installs SIGTERM / SIGINT handlers; in this process (no engine-core
+    process) it must not, or the CLI's clean stop on SIGTERM (reasonrl.interrupts) would be lost."""
+    assert _HANDLERS["after"] == _HANDLERS["before"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Chaos: SIGKILL the real CLI at random moments and resume; the run must end as if nothing happened.
+"""Chaos: SIGKILL and SIGTERM the real CLI at random moments and resume; the run must end as if nothing happened.
 
 `reasonrl train` (HF engine, fp32, the format-taught tiny model, DAPO with dynamic sampling) is
 killed with SIGKILL at >= 10 random moments (some timed to land while a checkpoint is being
@@ -7,10 +7,19 @@ written), and rerun each time the way a user would: `--resume` when a checkpoint
 hold each step exactly once with the same values, and the checkpoints must be the same. The other
 stages are killed too: a half-written output is refused by the next stage, and rerunning the
 command finishes it.
+
+SIGTERM (a scheduler's stop) at >= 6 random moments, the launches alternating `--save-every 0` and
+`--save-every 1` (one timed to land while a checkpoint is being written): each stop exits 143 with
+one line naming the checkpoint it leaves (the last finished step, written at the signal when
+--save-every 0 had not), metrics.jsonl holds exactly the checkpointed steps, the trackers were
+closed (the W&B offline run has its exit record); following the line (--resume, or --overwrite
+when there is nothing to resume) ends bitwise equal to the uninterrupted run. `eval` stopped by
+SIGTERM: one line, exit 143, no manifest. (2 torchrun ranks: tests/train/test_deepspeed.py.)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -28,6 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 KILLS = 10
+TERMS = 6
 
 
 def _env() -> dict[str, str]:
@@ -38,10 +48,10 @@ def _cmd(*args: object) -> list[str]:
     return [sys.executable, "-m", "reasonrl.cli", *[str(a) for a in args]]
 
 
-def _train_args(model: Path, data: Path, out: Path) -> list[object]:
+def _train_args(model: Path, data: Path, out: Path, save_every: int = 1) -> list[object]:
     return ["train", "--algo", "dapo", "--model", model, "--data", data, "--out", out, "--engine", "hf", "--dtype", "fp32",
             "--group-size", "4", "--max-response-len", "8", "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "2",
-            "--max-gen-rounds", "2", "--overlong-cache-len", "2", "--lr", "1e-3", "--save-every", "1", "--steps", STEPS, "--seed", "3"]
+            "--max-gen-rounds", "2", "--overlong-cache-len", "2", "--lr", "1e-3", "--save-every", save_every, "--steps", STEPS, "--seed", "3"]
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -62,18 +72,18 @@ def _lines(out: Path) -> int:
         return 0
 
 
-def _kill_when(p: subprocess.Popen, out: Path, *, at_checkpoint: bool, after_lines: int, extra_s: float) -> str:
-    """SIGKILL ``p`` as soon as a checkpoint is being written (``at_checkpoint``), or ``extra_s``
+def _kill_when(p: subprocess.Popen, out: Path, *, at_checkpoint: bool, after_lines: int, extra_s: float, sig: int = signal.SIGKILL) -> str:
+    """Send ``sig`` to ``p`` as soon as a checkpoint is being written (``at_checkpoint``), or ``extra_s``
     seconds after metrics.jsonl reached ``after_lines`` lines (a random moment inside the next step:
-    generation, scoring, update, sync or checkpoint); returns what was happening, or "finished"."""
+    generation, scoring, update, sync or checkpoint), and wait for it; returns what was happening, or "finished"."""
     reached = None
     while p.poll() is None:
         writing = list((out / "checkpoints").glob(".step_*.tmp")) if (out / "checkpoints").is_dir() else []
         if reached is None and _lines(out) >= after_lines:
             reached = time.monotonic()
         if (at_checkpoint and writing) or (not at_checkpoint and reached is not None and time.monotonic() - reached >= extra_s):
-            p.send_signal(signal.SIGKILL)
-            p.wait()
+            p.send_signal(sig)
+            p.wait(timeout=300)
             return "mid-checkpoint" if writing else "mid-step"
         time.sleep(0.002 if at_checkpoint else 0.01)
     return "finished"
@@ -87,12 +97,15 @@ def _done_steps(out: Path) -> int:
         return 0
 
 
-def test_sigkill_anywhere_then_resume_is_the_same_run(format_model, tmp_path, toy_data_file) -> None:
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def reference(format_model, toy_data_file, tmp_path_factory) -> tuple[Path, Path, float, float]:
+    """(data, the uninterrupted run, its start-up time, its time per step): the time per step sets
+    how far into a step a kill lands."""
+    tmp = tmp_path_factory.mktemp("chaos_ref")
+    data = tmp / "data"
     subprocess.run(_cmd("prepare-data", toy_data_file, "--out", data, "--template", "none", "--val-size", "4"), env=_env(), check=True,
                    capture_output=True, timeout=300)
-    # The uninterrupted run; its time per step sets how far into a step a kill lands.
-    ref = tmp_path / "ref"
+    ref = tmp / "ref"
     t0 = time.monotonic()
     p = subprocess.Popen(_cmd(*_train_args(format_model, data, ref)), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while p.poll() is None and _lines(ref) < 1:
@@ -100,9 +113,20 @@ def test_sigkill_anywhere_then_resume_is_the_same_run(format_model, tmp_path, to
     startup = time.monotonic() - t0
     _, err = p.communicate(timeout=900)
     assert p.returncode == 0, err[-3000:]
-    per_step = max((time.monotonic() - t0 - startup) / (STEPS - 1), 0.05)
+    return data, ref, startup, max((time.monotonic() - t0 - startup) / (STEPS - 1), 0.05)
 
-    out = tmp_path / "chaos"
+
+def _same_run(out: Path, ref: Path) -> None:
+    """metrics.jsonl: each step once, with the reference's values; the final weights bitwise equal."""
+    assert _metrics(out) == _metrics(ref)
+    assert [m["step"] for m in _metrics(out)] == list(range(1, STEPS + 1))
+    a, b = _weights(ref / "policy"), _weights(out / "policy")
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a), "final weights differ"
+
+
+def test_sigkill_anywhere_then_resume_is_the_same_run(format_model, reference) -> None:
+    data, ref, startup, per_step = reference
+    out = ref.parent / "chaos"
     rng = random.Random(0)
     kills: list[str] = []
     launches = 0
@@ -129,10 +153,7 @@ def test_sigkill_anywhere_then_resume_is_the_same_run(format_model, tmp_path, to
         break
     assert len(kills) >= KILLS and "mid-checkpoint" in kills, kills
 
-    assert _metrics(out) == _metrics(ref)  # every step exactly once, with the same values
-    assert [m["step"] for m in _metrics(out)] == list(range(1, STEPS + 1))
-    a, b = _weights(ref / "policy"), _weights(out / "policy")
-    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a), "final weights differ"
+    _same_run(out, ref)
     ckpts = lambda d: sorted(x.name for x in (d / "checkpoints").iterdir())  # noqa: E731
     assert ckpts(out) == ckpts(ref)
     for n in range(1, STEPS + 1):
@@ -176,3 +197,96 @@ def test_sigkill_in_other_stages(stage, format_model, tmp_path) -> None:
     again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (target / "manifest.json").is_file()
+
+
+def _wandb_env(tmp: Path) -> dict[str, str]:
+    """An offline W&B run in ``tmp``; {} without wandb."""
+    if importlib.util.find_spec("wandb") is None:
+        return {}
+    return {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp / "wandb_dir"), "WANDB_CONFIG_DIR": str(tmp / "wcfg"), "WANDB_CACHE_DIR": str(tmp / "wcache"),
+            "WANDB_DATA_DIR": str(tmp / "wdata"), "WANDB_SILENT": "true", "WANDB_PROJECT": "reasonrl-chaos"}
+
+
+def _wandb_records(tmp: Path) -> tuple[list[str], list[int]]:
+    """(record kinds, logged steps) of the one offline W&B run in ``tmp`` (tests/tracking/wandb_file.py reads the file)."""
+    spec = importlib.util.spec_from_file_location("reasonrl_wandb_file", ROOT / "tests" / "tracking" / "wandb_file.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    files = list((tmp / "wandb_dir").glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, files
+    return [r.WhichOneof("record_type") for r in mod.records(files[0])], [row["_step"] for row in mod.history(files[0])]
+
+
+def test_sigterm_anywhere_then_resume_is_the_same_run(format_model, reference, tmp_path) -> None:
+    data, ref, startup, _ = reference
+    raw = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    step_s = sorted(m["perf/step_s"] for m in raw)[len(raw) // 2]  # (the median step; a checkpoint comes on top)
+    out = tmp_path / "term"
+    wandb_env = _wandb_env(tmp_path)
+    rng = random.Random(1)
+    stops: list[str] = []
+    launches = 0
+    while True:
+        done = _done_steps(out)
+        save_every = len(stops) % 2  # the launches alternate --save-every 0 and 1 (a --resume may change it)
+        args = _train_args(format_model, data, out, save_every=save_every) + (["--resume"] if done else ["--overwrite"])
+        first = launches == 0
+        if first and wandb_env:
+            args += ["--report-to", "tensorboard,wandb"]
+        proc = subprocess.Popen(_cmd(*args), env={**_env(), **(wandb_env if first else {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        launches += 1
+        if len(stops) == TERMS:
+            _, err = proc.communicate(timeout=900)
+            assert proc.returncode == 0, err[-3000:]
+            break
+        # a random moment of a random remaining step but the last (a signal after the last step lets the run finish),
+        # or of the start-up; the first stop comes after a step, so that there is a W&B run to close
+        target = rng.randint(max(done, int(first)), STEPS - 2) if done < STEPS - 1 else done
+        extra = rng.uniform(0.4, 0.7 if done >= STEPS - 1 else 1.0) * startup if target == done else rng.uniform(0.0, 1.0) * step_s
+        what = _kill_when(proc, out, at_checkpoint=len(stops) == 3, after_lines=target, extra_s=extra, sig=signal.SIGTERM)
+        err = proc.stderr.read() if proc.stderr else ""
+        if what == "finished" or proc.returncode == 0:  # it ended before the signal, or was let finish: start over
+            assert proc.returncode == 0, err[-3000:]
+            shutil.rmtree(out)
+            continue
+        assert proc.returncode == 143, err[-3000:]
+        lines = [ln for ln in err.splitlines() if ln.startswith("stopped by SIGTERM")]
+        assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        done = _done_steps(out)
+        logged = [m["step"] for m in _metrics(out)] if (out / "metrics.jsonl").is_file() else []
+        assert logged == list(range(1, done + 1)), (lines[0], logged)  # every finished step logged once, and checkpointed
+        if "train did not finish" in lines[0]:  # stopped before the command began (imports): the same command again
+            assert lines[0].endswith("rerun the same command"), lines[0]
+        elif done:
+            assert f"checkpoint step_{done} " in lines[0] and "--resume" in lines[0], lines[0]
+        else:
+            assert "--resume" not in lines[0], lines[0]
+        if first and wandb_env:  # the trackers were closed: wandb.finish() wrote the run's exit record
+            kinds, steps = _wandb_records(tmp_path)
+            assert "exit" in kinds and steps == logged, (kinds, steps, logged)
+        stops.append(f"{what} (--save-every {save_every}): {lines[0].split(':')[0].removeprefix('stopped by SIGTERM ')}")
+        print(f"chaos: SIGTERM {len(stops)} {stops[-1]}; {done} steps checkpointed", file=sys.stderr)
+    assert len(stops) >= TERMS, stops
+
+    _same_run(out, ref)
+    for ck in (out / "checkpoints").glob("step_*"):  # (the stops wrote checkpoints the reference also has)
+        st_ref = json.loads((ref / "checkpoints" / ck.name / "trainer_state.json").read_text())
+        assert json.loads((ck / "trainer_state.json").read_text()) == st_ref, ck.name
+    print(f"chaos: {len(stops)} SIGTERMs over {launches} launches; final weights bitwise equal", file=sys.stderr)
+
+
+def test_sigterm_in_eval_is_one_line_and_no_manifest(format_model, reference, tmp_path) -> None:
+    data = reference[0]
+    out = tmp_path / "eval"
+    cmd = _cmd("eval", "file", "--dataset", data / "train.parquet", "--model", format_model, "--out", out, "--engine", "hf", "--dtype", "fp32",
+               "--n", "8", "--max-response-len", "64")
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not out.is_dir():  # (made before the engine is opened)
+        time.sleep(0.005)
+    time.sleep(random.Random(2).uniform(0.5, 3.0))  # (model loading or generation: a few times shorter than the whole)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("stopped by SIGTERM")]
+    assert len(lines) == 1 and "eval did not finish" in lines[0] and "rerun" in lines[0] and "Traceback" not in err, err[-3000:]
+    assert not (out / "manifest.json").exists()

@@ -8,10 +8,15 @@
   a resume from save_model + save_state redoes the last step identically; value pretraining's
   critic update (the stage's row, no policy) on ZeRO-3 matches one process too.
 * The CLI as a user runs it: ``torchrun --nproc_per_node 2 -m reasonrl.cli train --backend deepspeed``
-  for ZeRO-2 (3 steps) and ZeRO-3 (2 steps, then ``--resume`` to 3), checking metrics.jsonl, the
+  for ZeRO-2 (5 steps) and ZeRO-3 (2 steps, then ``--resume`` to 3), checking metrics.jsonl, the
   consolidated HF ``policy/`` directory, and that the resumed run continued the LR schedule; and
   ``pretrain-value --backend deepspeed --zero 3`` on 2 processes (outputs written once, the bias
   picture labelled in-sample without a validation split).
+* Preemption (the chaos test's SIGTERM part on 2 ranks, tests/stages/test_chaos.py has one process):
+  the ZeRO-2 run stopped by SIGTERM twice at random moments (``--save-every 0``), once through
+  torchrun (which forwards it to both workers) and once to rank 1 alone (rank 0 learns of it at the
+  step's end); both ranks stop after the same step, it is checkpointed, one line is printed, and
+  ``--resume`` each time ends bitwise equal to the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -198,17 +206,90 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_cli_train_zero2_torchrun(format_model, toy_data, tmp_path):
-    out = tmp_path / "run"
-    _launch(2, _train_args(format_model, toy_data, out, zero=2, steps=3))
+def _lines(out: Path) -> int:
+    try:
+        return sum(1 for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip())
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def zero2_run(format_model, toy_data) -> Path:
+    """The uninterrupted 5-step ZeRO-2 run under torchrun (checked below, and the reference of the SIGTERM test)."""
+    out = toy_data.parent / "zero2_run"
+    _launch(2, _train_args(format_model, toy_data, out, zero=2, steps=5))
+    return out
+
+
+def test_cli_train_zero2_torchrun(zero2_run, format_model):
+    out = zero2_run
     m = _metrics(out)
-    assert [r["step"] for r in m] == [1, 2, 3]
-    assert [r["actor/lr"] for r in m] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
+    assert [r["step"] for r in m] == [1, 2, 3, 4, 5]
+    assert [r["actor/lr"] for r in m] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
     assert (out / "manifest.json").is_file()
-    state = out / "checkpoints" / "step_3" / "policy_state" / "state"
+    state = out / "checkpoints" / "step_5" / "policy_state" / "state"
     assert len(list(state.glob("zero_pp_rank_*_optim_states.pt"))) == 2  # one optimizer shard per rank
     _check_policy(out, format_model)
+
+
+def _worker_pid(torchrun: subprocess.Popen, rank: int) -> int:
+    """The pid of torchrun's worker with ``RANK=rank`` (from /proc)."""
+    for d in Path("/proc").iterdir():
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == torchrun.pid and f"RANK={rank}".encode() in (d / "environ").read_bytes().split(b"\0"):
+                return int(d.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise AssertionError(f"no rank {rank} among torchrun's workers")
+
+
+def _latest(out: Path) -> int:
+    try:
+        return int((out / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+    except (OSError, ValueError):
+        return 0
+
+
+def test_cli_train_zero2_sigterm_then_resume_is_the_same_run(zero2_run, format_model, toy_data, tmp_path):
+    """Preemption on 2 ranks (--save-every 0): SIGTERM to torchrun (forwarded to both workers), then
+    to rank 1 alone, each at a random moment of a step; both ranks stop after the same step, which
+    is checkpointed, one line says so (rank 0's), and the resumed run ends bitwise equal."""
+    from safetensors.torch import load_file
+
+    ref = zero2_run
+    out = tmp_path / "run"
+    rng = random.Random(0)
+    step_s = sorted(r["perf/step_s"] for r in _metrics(ref))[2]  # (the median step)
+    for to in ("torchrun", "rank 1", None):
+        done = _latest(out)
+        cmd = _torchrun() + ["--nproc_per_node", "2", "--master_port", str(_free_port())] + _train_args(format_model, toy_data, out, zero=2, steps=5)
+        p = subprocess.Popen(cmd + (["--resume"] if done else []), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if to is None:
+            _, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err[-8000:]
+            break
+        # a random moment of the step after the next one this launch finishes (never the last step)
+        extra, reached = rng.uniform(0.0, 0.5) * step_s, None
+        while p.poll() is None and (reached is None or time.monotonic() - reached < extra):
+            if reached is None and _lines(out) >= done + 1:
+                reached = time.monotonic()
+            time.sleep(0.01)
+        assert p.poll() is None, "the run ended before the signal"
+        os.kill(p.pid if to == "torchrun" else _worker_pid(p, 1), signal.SIGTERM)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode != 0, err[-8000:]
+        lines = [ln for ln in err.splitlines() if "stopped by SIGTERM" in ln]
+        assert len(lines) == 1 and not any("Traceback" in ln for ln in err.splitlines() if ln.startswith("[rank")), err[-8000:]
+        now = _latest(out)
+        assert done < now < 5 and f"checkpoint step_{now} " in lines[0] and "--resume" in lines[0], (done, now, lines[0])
+        assert [r["step"] for r in _metrics(out)] == list(range(1, now + 1))
+        print(f"SIGTERM to {to}: {lines[0]}", file=sys.stderr)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]  # noqa: E731
+    assert strip(_metrics(out)) == strip(_metrics(ref))
+    a, b = load_file(ref / "policy" / "model.safetensors"), load_file(out / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a), "final weights differ"
 
 
 def test_cli_train_zero3_torchrun_resume(format_model, toy_data, tmp_path):

@@ -1,0 +1,190 @@
+"""SIGTERM and SIGINT: stop cleanly, say so in one line, exit 128 + the signal's number.
+
+Schedulers stop a job with SIGTERM (Slurm, Kubernetes; ``torchrun`` forwards it to its workers
+and sends SIGKILL 30 s later, ``--shutdown-timeout`` / ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), a
+terminal with SIGINT (Ctrl-C).
+
+Every command: with :func:`hold_sigterm` (installed by ``reasonrl.cli.main``) and inside
+:func:`sigterm_raises` (around each stage command), the first SIGTERM raises :class:`Interrupted`
+wherever the stage is, as Python makes SIGINT raise ``KeyboardInterrupt`` (of which it is a
+subclass), so every ``finally`` runs (engines, reward workers and trackers are closed) and no
+manifest is written; the CLI prints one line and exits 143 (SIGTERM) or 130 (SIGINT). A SIGTERM
+that comes before the stage starts (imports, parsing) is held and raised as it starts; later ones
+are ignored while it unwinds (torchrun sends one more to a rank whose peer has stopped; the
+scheduler's SIGKILL stays the backstop).
+
+Training loops: :class:`StepStop` replaces both handlers for the steps. A signal asks the loop to
+stop at the next step boundary, every rank at the same one; the loop checkpoints the last finished
+step and raises :class:`Interrupted` with its own line. In one process a step still collecting its
+rollouts (generation, scoring: nothing changed yet but the data position and the RNGs, which the
+loop puts back) is dropped at once (:class:`StepAbandoned`); a step that has started its updates is
+finished. A second signal while stopping (at least ``repeat_s`` after the first: one Ctrl-C reaches
+torchrun and its workers, and torchrun forwards it again) abandons at once: the previous checkpoint
+stays the latest. Once the loop is closing (engine, trackers; then the final outputs) signals are ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import Any, Iterator
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop by ``signum``; ``message`` is the one line the CLI prints ("" = a stage-neutral one),
+    none when ``quiet`` (the other ranks of a multi-process run: rank 0 says it)."""
+
+    def __init__(self, signum: int, message: str = "", *, quiet: bool = False) -> None:
+        super().__init__(message or signal_name(signum))
+        self.signum, self.message, self.quiet = int(signum), message, quiet
+
+
+class StepAbandoned(BaseException):
+    """The current step is dropped before it changed the weights (see :class:`StepStop`). A
+    BaseException, like KeyboardInterrupt: no ``except Exception`` on the way swallows it."""
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class _Held:
+    """The CLI's SIGTERM: ``pending`` (the signal once received), ``armed`` (inside a stage)."""
+
+    pending = 0
+    armed = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.pending:
+            return  # already stopping
+        self.pending = signum
+        if self.armed:
+            raise Interrupted(signum)
+
+
+_HELD = _Held()
+
+
+def hold_sigterm() -> None:
+    """Install the CLI's SIGTERM handler: a SIGTERM is held until :func:`sigterm_raises` is entered,
+    raised at once inside it, ignored after the first."""
+    _HELD.pending, _HELD.armed = 0, False
+    signal.signal(signal.SIGTERM, _HELD)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside (a stage command), SIGTERM raises :class:`Interrupted` (one held from before raises on
+    entering); a no-op unless :func:`hold_sigterm` installed the handler."""
+    if signal.getsignal(signal.SIGTERM) is not _HELD:  # (the stage run in-process, by a test or a script)
+        yield
+        return
+    _HELD.armed = True
+    try:
+        if _HELD.pending:
+            raise Interrupted(_HELD.pending)
+        yield
+    finally:
+        _HELD.armed = False
+
+
+def exit_line(e: BaseException, stage: str) -> tuple[str | None, int]:
+    """(line to print or None, exit code) for a KeyboardInterrupt or :class:`Interrupted` in ``stage``."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    msg = getattr(e, "message", "") or (f"stopped by {signal_name(signum)}: {stage} did not finish (no manifest.json written); "
+                                        "rerun the same command")
+    quiet = getattr(e, "quiet", False) or os.environ.get("RANK", "0") != "0"  # (under torchrun every rank got the signal)
+    return (None if quiet else msg), 128 + signum
+
+
+class StepStop:
+    """Stop a training loop at a step boundary on SIGTERM / SIGINT, every rank at the same step.
+
+    The loop calls :meth:`begin_step` before a step, passes :meth:`commit` to the step to call once
+    its rollouts are collected (before any update), asks :meth:`requested` after the step, and calls
+    :meth:`closing` when it ends. In one process, a signal before ``commit`` raises
+    :class:`StepAbandoned` at once; with several ranks it is only noted (a rank leaving
+    mid-collective would hang the others), and ``commit`` and ``requested`` agree on it over the
+    ranks (a max-reduce).
+    """
+
+    def __init__(self, *, repeat_s: float = 2.0) -> None:
+        self.ranks: Any = None
+        self.world, self.repeat_s = 1, repeat_s
+        self.signum = 0  # the first signal received here or, after an agreement, on any rank
+        self._t = 0.0
+        self._abandonable = False
+        self._closing = False
+        self._prev: dict[int, Any] = {}
+
+    def install(self, ranks: Any) -> None:
+        """Take over SIGTERM and SIGINT for the run's ``ranks`` (a ``reasonrl.train.ranks.Ranks``;
+        main thread only, elsewhere the handlers stay)."""
+        self.ranks, self.world = ranks, ranks.world
+        if not _main_thread():
+            return
+        for s in SIGNALS:
+            self._prev[s] = signal.getsignal(s)
+            signal.signal(s, self._handler)
+
+    def uninstall(self) -> None:
+        """Put back the handlers :meth:`install` found; after a stop, ignore both signals instead
+        (the process is on its way out with its one line)."""
+        for s, h in self._prev.items():
+            signal.signal(s, signal.SIG_IGN if self.signum else (h if h is not None else signal.SIG_DFL))
+        self._prev = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self._closing:
+            return
+        now = time.monotonic()
+        if not self.signum:
+            self.signum, self._t = signum, now
+            if self._abandonable and self.world == 1:
+                self._abandonable = False
+                raise StepAbandoned(signal_name(signum))
+        elif now - self._t >= self.repeat_s:
+            raise Interrupted(signum)  # a second signal: abandon at once
+
+    def begin_step(self) -> None:
+        """A step starts: until :meth:`commit` it may be dropped."""
+        if self.signum and self.world == 1:
+            raise StepAbandoned(signal_name(self.signum))
+        self._abandonable = True
+
+    def commit(self) -> None:
+        """The step's rollouts are in; its updates come next. Raises :class:`StepAbandoned` on every
+        rank when a signal came (on any rank) before this point."""
+        self._abandonable = False
+        if self.requested():
+            raise StepAbandoned(signal_name(self.signum))
+
+    def requested(self) -> bool:
+        """Whether a signal came, on any rank (a collective: every rank calls it at the same point
+        and gets the same answer, even when a signal lands here while it runs)."""
+        if self.world == 1:
+            return bool(self.signum)
+        import torch
+
+        agreed = int(self.ranks.max(torch.tensor([self.signum], dtype=torch.int64))[0])
+        if agreed and not self.signum:  # another rank's: one here soon after is the same stop
+            self.signum, self._t = agreed, time.monotonic()
+        return bool(agreed)  # (not self.signum: a signal after the reduce counts at the next one)
+
+    def closing(self) -> None:
+        """The loop is over (stopped, finished or failed): what is left is closing the engine and
+        trackers and writing the outputs or the one line; signals from now on are ignored."""
+        self._abandonable = False
+        self._closing = True

@@ -1,0 +1,116 @@
+"""reasonrl.interrupts with real signals sent to this process: SIGTERM raises like Ctrl-C (once);
+the training loop's stop drops a step only before its update, answers a second signal at once (not
+an echo of the first), ignores signals while the loop closes, and puts the handlers back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from reasonrl.interrupts import Interrupted, StepAbandoned, StepStop, exit_line, hold_sigterm, sigterm_raises
+from reasonrl.train.ranks import Ranks
+
+
+@pytest.fixture(autouse=True)
+def _handlers():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+def _signal(sig: int = signal.SIGTERM) -> None:
+    os.kill(os.getpid(), sig)  # the handler runs in this (main) thread before os.kill returns to the next bytecode
+    time.sleep(0.01)
+
+
+def test_sigterm_raises_interrupted_a_keyboard_interrupt():
+    hold_sigterm()
+    closed = False
+    with pytest.raises(Interrupted) as e:
+        with sigterm_raises():  # a stage
+            try:
+                _signal()
+            finally:
+                _signal()  # while it unwinds (its finally blocks), another SIGTERM is ignored
+                closed = True
+    assert closed and isinstance(e.value, KeyboardInterrupt) and e.value.signum == signal.SIGTERM
+
+    hold_sigterm()
+    _signal()  # before the stage starts (imports, parsing): held ...
+    with pytest.raises(Interrupted):
+        with sigterm_raises():  # ... and raised as it starts
+            pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with sigterm_raises():  # without the CLI's handler (a stage run in-process): nothing held, nothing raised
+        pass
+    line, code = exit_line(e.value, "eval")
+    assert code == 143 and line is not None and line.startswith("stopped by SIGTERM: eval did not finish") and "\n" not in line
+    assert exit_line(KeyboardInterrupt(), "report")[1] == 130  # Ctrl-C
+
+
+def test_exit_line_is_quiet_on_other_ranks(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert exit_line(Interrupted(signal.SIGTERM, "stopped by SIGTERM after step 2: ..."), "train") == (None, 143)
+    monkeypatch.setenv("RANK", "0")
+    assert exit_line(Interrupted(signal.SIGTERM, "x"), "train") == ("x", 143)
+    assert exit_line(Interrupted(signal.SIGTERM, "x", quiet=True), "train") == (None, 143)
+
+
+def test_step_stop_abandons_only_before_the_update_and_restores_handlers():
+    prev = signal.getsignal(signal.SIGTERM)
+    stop = StepStop(repeat_s=3600)
+    stop.install(Ranks())
+    try:
+        stop.begin_step()
+        with pytest.raises(StepAbandoned):  # collecting: dropped at once
+            _signal()
+        assert stop.requested() and stop.signum == signal.SIGTERM
+        with pytest.raises(StepAbandoned):  # and the next step does not start
+            stop.begin_step()
+        _signal()  # a repeat within repeat_s (torchrun forwarding the same Ctrl-C): no effect
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # stopped: the process is on its way out
+
+    stop = StepStop(repeat_s=3600)
+    stop.install(Ranks())
+    try:
+        stop.begin_step()
+        stop.commit()  # the update starts: a signal now only asks to stop after the step
+        _signal(signal.SIGINT)
+        assert stop.requested() and stop.signum == signal.SIGINT
+    finally:
+        stop.uninstall()
+
+    signal.signal(signal.SIGTERM, prev)
+    stop = StepStop(repeat_s=0.0)
+    stop.install(Ranks())
+    try:
+        stop.begin_step()
+        stop.commit()
+        stop.closing()  # the loop is over: closing the engine and trackers is not interrupted
+        _signal()
+        _signal()
+        assert not stop.requested()
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is prev  # no stop: the handlers it found are back
+
+
+def test_a_second_signal_abandons_at_once():
+    stop = StepStop(repeat_s=0.0)
+    stop.install(Ranks())
+    try:
+        stop.begin_step()
+        stop.commit()
+        _signal()
+        assert stop.requested()
+        with pytest.raises(Interrupted) as e:
+            _signal()
+        assert e.value.signum == signal.SIGTERM and not e.value.message  # (the stage says where it stopped)
+    finally:
+        stop.uninstall()
