@@ -149,12 +149,9 @@ def engine_version(engine: Any, versions: dict[str, str]) -> str | None:
 def val_metrics(results: dict[str, Any]) -> dict[str, float]:
     """What the trackers get from results.json: ``val/<metric>`` (with ``_ci_low`` / ``_ci_high``),
     ``val/<source>/<metric>`` per data source, and the response statistics."""
-    out: dict[str, float] = {}
-    by_source = [(f"val/{src}", m.get("metrics", m)) for src, m in (results.get("by_source") or {}).items()]
-    for prefix, metrics in [("val", results["metrics"])] + by_source:
-        for k, v in metrics.items():
-            out[f"{prefix}/{k}"] = v["value"]
-            out[f"{prefix}/{k}_ci_low"], out[f"{prefix}/{k}_ci_high"] = v["ci"]
+    from reasonrl.evaluation.scores import flat_metrics
+
+    out = flat_metrics(results["metrics"], results.get("by_source"))
     for k in ("truncated_frac", "no_answer_frac", "response_length_mean"):
         if k in results:
             out[f"val/{k}"] = results[k]
@@ -171,7 +168,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     from reasonrl.artifacts import hash_path, hash_weights, versions
     from reasonrl.devices import resolve_dtype
     from reasonrl.engines.base import SamplingParams
-    from reasonrl.evaluation.scores import per_problem_values, with_cis
+    from reasonrl.evaluation.scores import metrics_by_source, per_problem_values
     from reasonrl.evaluation.problems import merge_replicas
     from reasonrl.rewards import ScoreStats
     from reasonrl.progress import Display
@@ -210,11 +207,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         engine_name, engine_ver = gen.engine.name, engine_version(gen.engine, vers)
     finally:
         gen.close()
-    ci = dict(n_boot=cfg.bootstrap, seed=cfg.seed)
-    metrics = with_cis(values, **ci)  # over the distinct problems
-    sources: dict[str, list[int]] = {}
-    for i, g in enumerate(groups):
-        sources.setdefault(g[0].data_source, []).append(i)
+    # over the distinct problems, and per data source
+    metrics, by_source = metrics_by_source(values, [g[0].data_source for g in groups], n_boot=cfg.bootstrap, seed=cfg.seed)
     flat = [s for g in groups for s in g]
     files = dataset_files(cfg.dataset)
     results = {
@@ -224,7 +218,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         "n": cfg.n,
         "responses": len(flat),
         "metrics": metrics,
-        "by_source": {src: {"problems": len(idx), "metrics": with_cis(values, idx, **ci)} for src, idx in sorted(sources.items())},
+        "by_source": by_source,
         "data": {
             "files": {str(f): hash_path(f) for f in files},
             "rows": problems.total_rows,
