@@ -99,3 +99,41 @@ def improved(value: float, best: float | None, metric: str) -> bool:
         return True
     lower_better = metric.endswith(("_frac", "length_mean"))
     return value < best if lower_better else value > best
+
+
+@dataclass
+class Best:
+    """``--save-best`` and ``--early-stop-patience``: the best value of ``metric`` so far, its step,
+    and how many validations in a row have not beaten it (saved in each checkpoint, so a resumed
+    run keeps the same best)."""
+
+    metric: str
+    patience: int = 0
+    value: float | None = None
+    step: int | None = None
+    since: int = 0
+
+    def update(self, metrics: dict[str, float], step: int) -> bool:
+        """Record a validation; True when it is the new best."""
+        if self.metric not in metrics:
+            from reasonrl.errors import ReasonRLError
+
+            names = ", ".join(k for k in metrics if k.startswith("val/") and not k.endswith(("_ci_low", "_ci_high")))
+            raise ReasonRLError(f"--save-best {self.metric} is not a validation metric of this run: choose one of {names}")
+        v = float(metrics[self.metric])
+        if improved(v, self.value, self.metric):
+            self.value, self.step, self.since = v, step, 0
+            return True
+        self.since += 1
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return bool(self.patience) and self.since >= self.patience
+
+    def state(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": self.value, "step": self.step, "since": self.since}
+
+    def load(self, state: dict[str, Any] | None) -> None:
+        if state and state.get("metric") == self.metric:
+            self.value, self.step, self.since = state.get("value"), state.get("step"), int(state.get("since", 0))
