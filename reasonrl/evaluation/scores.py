@@ -41,6 +41,7 @@ __all__ = [
     "with_cis",
     "metrics_by_source",
     "flat_metrics",
+    "paired_difference",
 ]
 
 Pair = tuple[str, str]
@@ -349,3 +350,14 @@ def flat_metrics(metrics: dict[str, dict[str, Any]], by_source: dict[str, dict[s
             out[f"{pre}/{k}"] = v["value"]
             out[f"{pre}/{k}_ci_low"], out[f"{pre}/{k}_ci_high"] = v["ci"]
     return out
+
+
+def paired_difference(after: Sequence[float], before: Sequence[float], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict[str, Any]:
+    """The mean over problems of ``after[p] − before[p]`` (two evaluations of the same problems)
+    with its percentile-bootstrap interval: the problems are resampled, each keeping its pair, so
+    the problems' difficulty cancels (far narrower than comparing two separate intervals)."""
+    if len(after) != len(before) or not after:
+        raise ValueError(f"a paired difference needs the same problems: {len(after)} vs {len(before)}")
+    d = [float(a) - float(b) for a, b in zip(after, before)]
+    lo, hi = bootstrap_ci(d, n_boot=n_boot, alpha=alpha, seed=seed)
+    return {"value": _mean(d), "ci": [lo, hi], "problems": len(d)}

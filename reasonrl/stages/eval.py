@@ -159,6 +159,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         "responses": len(flat),
         "metrics": metrics,
         "by_source": by_source,
+        # each distinct problem's values (in the order of "where"), for paired comparisons of two evaluations
+        "per_problem": {"where": [rows[g[0].prompt_index]["extra_info"]["where"] for g in groups], **values},
         "data": {
             "files": {str(f): hash_path(f) for f in files},
             "rows": problems.total_rows,
