@@ -104,7 +104,7 @@ def test_the_wheel_holds_the_data_sets_and_the_recipes(wheel) -> None:
 
 def test_the_install_is_its_own_and_has_its_data(fresh) -> None:
     venv, env, cwd = fresh
-    code = ("import reasonrl, reasonrl.bundled; from reasonrl.stages.eval import load_problems;"
+    code = ("import reasonrl, reasonrl.bundled; from reasonrl.evaluation.datasets import load_problems;"
             "from reasonrl.stages.main_job import recipes_dir;"
             "print(reasonrl.__file__); print(reasonrl.bundled.__file__); print(len(load_problems('aime', 'dapo')));"
             "print(recipes_dir() / 'train-dapo-cpu.toml')")

@@ -39,6 +39,9 @@ __all__ = [
     "reward_equal",
     "vote_classes",
     "with_cis",
+    "metrics_by_source",
+    "flat_metrics",
+    "paired_difference",
 ]
 
 Pair = tuple[str, str]
@@ -321,3 +324,40 @@ def with_cis(
         lo, hi = bootstrap_ci(v, n_boot=n_boot, alpha=alpha, seed=seed)
         out[name] = {"value": _mean(v), "ci": [lo, hi]}
     return out
+
+
+def metrics_by_source(
+    values: dict[str, Sequence[float]],
+    sources: Sequence[str],
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Each metric with its bootstrap CI over all problems, and the same per data source
+    (``sources[p]``: problem p's source): ``(metrics, {source: {"problems": k, "metrics": ...}})``."""
+    by: dict[str, list[int]] = {}
+    for i, src in enumerate(sources):
+        by.setdefault(src, []).append(i)
+    overall = with_cis(values, n_boot=n_boot, seed=seed)
+    return overall, {src: {"problems": len(idx), "metrics": with_cis(values, idx, n_boot=n_boot, seed=seed)} for src, idx in sorted(by.items())}
+
+
+def flat_metrics(metrics: dict[str, dict[str, Any]], by_source: dict[str, dict[str, Any]] | None = None, prefix: str = "val") -> dict[str, float]:
+    """Scalars for metrics.jsonl and the trackers: ``<prefix>/<metric>`` with ``_ci_low`` /
+    ``_ci_high``, and ``<prefix>/<source>/<metric>`` per data source."""
+    out: dict[str, float] = {}
+    for pre, ms in [(prefix, metrics)] + [(f"{prefix}/{src}", m.get("metrics", m)) for src, m in (by_source or {}).items()]:
+        for k, v in ms.items():
+            out[f"{pre}/{k}"] = v["value"]
+            out[f"{pre}/{k}_ci_low"], out[f"{pre}/{k}_ci_high"] = v["ci"]
+    return out
+
+
+def paired_difference(after: Sequence[float], before: Sequence[float], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict[str, Any]:
+    """The mean over problems of ``after[p] − before[p]`` (two evaluations of the same problems)
+    with its percentile-bootstrap interval: the problems are resampled, each keeping its pair, so
+    the problems' difficulty cancels (far narrower than comparing two separate intervals)."""
+    if len(after) != len(before) or not after:
+        raise ValueError(f"a paired difference needs the same problems: {len(after)} vs {len(before)}")
+    d = [float(a) - float(b) for a, b in zip(after, before)]
+    lo, hi = bootstrap_ci(d, n_boot=n_boot, alpha=alpha, seed=seed)
+    return {"value": _mean(d), "ci": [lo, hi], "problems": len(d)}

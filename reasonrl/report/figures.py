@@ -12,6 +12,7 @@ named in a note; a metric that is not finite at any step is not drawn, and says 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -180,6 +181,52 @@ def draw_reward(runs: list[Run], smooth: int) -> Drawn:
         ("reward", "rule reward (mean over responses, ±1)", [("rollout/reward_mean", "-", "all generated"), ("rollout/shaped_reward_mean", ":", "with overlong punishment")]),
         ("accuracy", "share of responses correct", [("rollout/acc_mean", "-", "all generated"), ("rollout/batch_acc_mean", "--", "trained batch")]),
     ])
+
+
+def _val_key(r: Run) -> str | None:
+    """The run's ``val/avg@n`` metric (``train --val-every``), or None."""
+    keys = sorted({k for m in r.metrics for k in m if re.fullmatch(r"val/avg@\d+", k)})
+    return keys[0] if keys else None
+
+
+@figure("validation", "Validation during training")
+def draw_validation(runs: list[Run], smooth: int) -> Drawn:
+    """Held-out accuracy of the policy during training (``train --val-every``): avg@n at step 0
+    (before any update), every N steps and at the last step, with its 95% percentile-bootstrap
+    interval over the problems as a band; and the validation responses' mean length."""
+    out = Drawn()
+    vruns = [(r, k) for r in train_runs(runs) if (k := _val_key(r))]
+    if not vruns:
+        out.notes.append("no train run validated (train --val-every N)")
+        return out
+    fig, (ax, ax_len) = _figure(2)
+    drawn = False
+    for r, key in vruns:
+        xs, ys = r.series(key)
+        lo, hi = dict(zip(*r.series(key + "_ci_low"))), dict(zip(*r.series(key + "_ci_high")))
+        bad = nonfinite(xs, ys)
+        if bad:
+            out.notes.append(nonfinite_note(f"{r.label}: {key}", bad, len(xs)))
+        pts = [(x, y) for x, y in zip(xs, ys) if math.isfinite(y)]
+        if not pts:
+            continue
+        c = color(r, runs)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "-", color=c, marker="o", markersize=3, label=f"{r.label} · {key.split('/')[-1]}")
+        band = [(x, lo[x], hi[x]) for x, _ in pts if x in lo and x in hi and math.isfinite(lo[x]) and math.isfinite(hi[x])]
+        if band:
+            ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band], color=c, alpha=0.18, linewidth=0)
+        else:
+            out.notes.append(f"{r.label}: no interval logged for {key}")
+        if bad:
+            mark_nonfinite(ax, [x for x, _ in bad], c, r.label)
+        drawn = True
+    _axes(ax, "held-out accuracy (band: 95% CI)", "validation accuracy")
+    len_drawn = _curves(ax_len, [r for r, _ in vruns], runs, "val/response_length_mean", 0, out.notes)
+    _axes(ax_len, "tokens", "validation response length")
+    if not len_drawn:
+        empty_panel(ax_len)
+    out.fig = fig if drawn else None
+    return out
 
 
 @figure("entropy", "Policy entropy")

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.errors import ReasonRLError
+from reasonrl.evaluation.datasets import dataset_files, is_prepared, load_problems
 from reasonrl.evaluation.sets import EVAL_SETS
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import DecodeOpts, ModelOpts, TrackOpts
@@ -57,69 +57,9 @@ class EvalConfig(ModelOpts, DecodeOpts, TrackOpts):
         check(all(k >= 1 for k in self.ks), "ks must be positive")
 
 
-def _is_prepared(dataset: str) -> bool:
-    return dataset not in EVAL_SETS and (Path(dataset) / "validation.parquet").is_file()
-
-
-def dataset_files(dataset: str) -> list[Path]:
-    """The files a ``--dataset`` value reads: a bundled set's, a prepare-data directory's
-    validation split, or a data file (a directory of them)."""
-    from reasonrl.data.readers import input_files
-
-    if dataset in EVAL_SETS:
-        return EVAL_SETS[dataset].paths()
-    p = Path(dataset)
-    if _is_prepared(dataset):
-        return [p / "validation.parquet"]
-    if not p.exists():
-        raise ReasonRLError(f"dataset '{dataset}' not found: use one of {', '.join(EVAL_SETS)} or a data file path")
-    return input_files(p)
-
-
-def load_problems(dataset: str, template: str, *, problem_field: str | None = None, answer_field: str | None = None) -> list[dict[str, Any]]:
-    """Rows in the prepared (verl) shape: prompt messages, reward_model.ground_truth, data_source,
-    and ``extra_info.where`` (file and row, for messages). Replicated rows are kept: see
-    :func:`reasonrl.evaluation.problems.merge_replicas`. ``problem_field`` / ``answer_field``
-    name the fields of a data file's rows (default: found by name, ``reasonrl.data.readers``)."""
-    from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, read_records
-    from reasonrl.data.templates import messages_for
-
-    if _is_prepared(dataset) and (problem_field or answer_field):
-        raise ReasonRLError(f"--problem-field / --answer-field name the fields of a data file, but {dataset} is a prepare-data directory "
-                            "(its rows have fixed fields): drop them, or pass the data file itself")
-    if _is_prepared(dataset):
-        from reasonrl.data import load_prepared
-
-        rows = load_prepared(dataset, "validation")
-        for i, row in enumerate(rows, start=1):
-            row["extra_info"] = {**(row.get("extra_info") or {}), "where": f"validation.parquet row {i}"}
-        return rows
-    rows = []
-    for f in dataset_files(dataset):
-        bad: list[BadRow] = []
-        for rec in read_records(f, skip_bad_rows=False, bad=bad):
-            try:
-                fields = extract_fields(rec, problem_field=problem_field, answer_field=answer_field)
-                if not str(fields.answer).strip():
-                    raise NoAnswer(f"{fields.answer_field} is empty")
-            except BadRow as e:
-                raise ReasonRLError(f"{e}: every evaluation row needs a problem and an answer") from None
-            except NoAnswer as e:
-                raise ReasonRLError(f"{f.name} {rec.where}: {e}: every evaluation row needs an answer") from None
-            rows.append({
-                "prompt": messages_for(template, fields.problem),
-                "reward_model": {"style": "rule", "ground_truth": str(fields.answer)},
-                "data_source": f.stem,
-                "extra_info": {"where": f"{f.name} {rec.where}"},
-            })
-    if not rows:
-        raise ReasonRLError(f"dataset '{dataset}' has no rows")
-    return rows
-
-
 def _template_used(cfg: EvalConfig) -> str:
     """The template the prompts were made with: prepare-data's for a prepared directory."""
-    if _is_prepared(cfg.dataset):
+    if is_prepared(cfg.dataset):
         from reasonrl.artifacts import read_manifest
 
         return str(read_manifest(cfg.dataset, stage="prepare-data", hint="reasonrl prepare-data")["config"].get("template"))
@@ -149,12 +89,9 @@ def engine_version(engine: Any, versions: dict[str, str]) -> str | None:
 def val_metrics(results: dict[str, Any]) -> dict[str, float]:
     """What the trackers get from results.json: ``val/<metric>`` (with ``_ci_low`` / ``_ci_high``),
     ``val/<source>/<metric>`` per data source, and the response statistics."""
-    out: dict[str, float] = {}
-    by_source = [(f"val/{src}", m.get("metrics", m)) for src, m in (results.get("by_source") or {}).items()]
-    for prefix, metrics in [("val", results["metrics"])] + by_source:
-        for k, v in metrics.items():
-            out[f"{prefix}/{k}"] = v["value"]
-            out[f"{prefix}/{k}_ci_low"], out[f"{prefix}/{k}_ci_high"] = v["ci"]
+    from reasonrl.evaluation.scores import flat_metrics
+
+    out = flat_metrics(results["metrics"], results.get("by_source"))
     for k in ("truncated_frac", "no_answer_frac", "response_length_mean"):
         if k in results:
             out[f"val/{k}"] = results[k]
@@ -171,7 +108,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     from reasonrl.artifacts import hash_path, hash_weights, versions
     from reasonrl.devices import resolve_dtype
     from reasonrl.engines.base import SamplingParams
-    from reasonrl.evaluation.scores import per_problem_values, with_cis
+    from reasonrl.evaluation.scores import metrics_by_source, per_problem_values
     from reasonrl.evaluation.problems import merge_replicas
     from reasonrl.rewards import ScoreStats
     from reasonrl.progress import Display
@@ -210,11 +147,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         engine_name, engine_ver = gen.engine.name, engine_version(gen.engine, vers)
     finally:
         gen.close()
-    ci = dict(n_boot=cfg.bootstrap, seed=cfg.seed)
-    metrics = with_cis(values, **ci)  # over the distinct problems
-    sources: dict[str, list[int]] = {}
-    for i, g in enumerate(groups):
-        sources.setdefault(g[0].data_source, []).append(i)
+    # over the distinct problems, and per data source
+    metrics, by_source = metrics_by_source(values, [g[0].data_source for g in groups], n_boot=cfg.bootstrap, seed=cfg.seed)
     flat = [s for g in groups for s in g]
     files = dataset_files(cfg.dataset)
     results = {
@@ -224,7 +158,9 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         "n": cfg.n,
         "responses": len(flat),
         "metrics": metrics,
-        "by_source": {src: {"problems": len(idx), "metrics": with_cis(values, idx, **ci)} for src, idx in sorted(sources.items())},
+        "by_source": by_source,
+        # each distinct problem's values (in the order of "where"), for paired comparisons of two evaluations
+        "per_problem": {"where": [rows[g[0].prompt_index]["extra_info"]["where"] for g in groups], **values},
         "data": {
             "files": {str(f): hash_path(f) for f in files},
             "rows": problems.total_rows,

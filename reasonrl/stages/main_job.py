@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reasonrl.artifacts import write_json
 from reasonrl.bundled import bundled
 from reasonrl.config import build_config, check, check_seed, load_recipe, opt, recipe_layer
 from reasonrl.errors import ReasonRLError
@@ -38,6 +39,17 @@ class MainJobConfig(TrackOpts):
         self._check_tracking()
         check_seed(self.seed)
         check(self.aime_problems >= 0, "aime_problems must be >= 0")
+
+
+def paired_deltas(base: dict[str, Any], trained: dict[str, Any], *, seed: int = 0, n_boot: int = 1000) -> dict[str, dict[str, Any]]:
+    """trained − base for each avg@n of two evaluations of the same problems, paired by problem
+    (``results.json``'s ``per_problem``), with a 95% paired bootstrap interval."""
+    from reasonrl.evaluation.scores import paired_difference
+
+    pb, pt = base["per_problem"], trained["per_problem"]
+    if pb["where"] != pt["where"]:
+        raise ReasonRLError("the base and trained evaluations are not of the same problems: rerun the main job")
+    return {k: paired_difference(pt[k], pb[k], n_boot=n_boot, seed=seed) for k in pb if k.startswith("avg@")}
 
 
 def recipes_dir() -> Path:
@@ -116,10 +128,16 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     for k, v in base["metrics"].items():
         table.add_row(k, *[f"{100 * m['value']:.1f}% [{100 * m['ci'][0]:.1f}, {100 * m['ci'][1]:.1f}]" for m in (v, trained["metrics"][k])])
     console.print(table)
+    delta = paired_deltas(base, trained, seed=cfg.seed)
+    for k, d in delta.items():
+        console.print(f"[bold]paired gain[/] (trained − base, same {d['problems']} problems) {k}: {100 * d['value']:+.1f} points, "
+                      f"95% CI [{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]" + (" — beyond noise" if d["ci"][0] > 0 else " — within noise"))
     if aime is not None:
         v = next(iter(aime["metrics"].values()))
         console.print(f"AIME: {aime['problems']} problems × {aime['n']} samples, avg@{aime['n']} = {100 * v['value']:.1f}%. "
                       "A 135M model scores about 0 on AIME; this only shows the pipeline runs there.")
-    console.print(f"main job finished in {total / 60:.1f} min; artifacts under {out}/")
+    write_json(out / "summary.json", {"delta": delta, "base": base["metrics"], "trained": trained["metrics"], "minutes": total / 60,
+                                      "problems": base["problems"], "n": base["n"], "timings_s": timings})
+    console.print(f"main job finished in {total / 60:.1f} min; artifacts under {out}/ (summary: {out / 'summary.json'})")
     console.print(f"report: {report.html}")
-    return {"base": base, "trained": trained, "aime": aime, "seconds": total, "timings": timings, "report": str(report.html)}
+    return {"base": base, "trained": trained, "delta": delta, "aime": aime, "seconds": total, "timings": timings, "report": str(report.html)}

@@ -78,6 +78,39 @@ class TrackOpts(ProgressOpts):
 
 
 @dataclass
+class ValOpts:
+    """Validation during training: the current policy on held-out problems (``reasonrl.train.validation``)."""
+
+    val_every: int = opt(0, "Validate every N steps, at step 0 (before any update) and at the last step (0 = off): val/avg@n, pass@k, maj@n with bootstrap intervals in metrics.jsonl.")
+    val_data: str = opt("", "Validation problems: a prepare-data directory (its validation split), an eval set (aime24, math500, ...) or a data file; default: the training data's validation split.")
+    val_n: int = opt(4, "Samples per validation problem.")
+    val_max_problems: int | None = opt(None, "Validate on the first N distinct problems only.")
+    val_temperature: float = opt(1.0, "Validation sampling temperature (DAPO's evaluation: 1.0).")
+    val_top_p: float = opt(0.7, "Validation nucleus mass (DAPO's evaluation: 0.7).")
+    val_max_response_len: int | None = opt(None, "Validation generation cap in tokens; default: max_response_len.")
+    val_template: str = opt("dapo", "Prompt template for raw validation problems (an eval set or a data file; a prepared directory has its own).")
+    val_bootstrap: int = opt(1000, "Bootstrap resamples for the validation intervals.")
+    save_best: str = opt("", "Keep the policy with the best value of this validation metric (e.g. val/avg@4) in out/best/, an HF directory; needs --val-every.")
+    early_stop_patience: int = opt(0, "Stop after this many validations in a row without a better --save-best metric (0 = never).")
+
+    def _check_val(self) -> None:
+        from reasonrl.data.templates import ALL_TEMPLATES
+
+        check(self.val_every >= 0, "val_every must be >= 0 (0 = off)")
+        check(self.val_n >= 1, "val_n must be >= 1")
+        check(self.val_max_problems is None or self.val_max_problems >= 1, "val_max_problems must be >= 1")
+        check(0 <= self.val_temperature < math.inf, "val_temperature must be finite and >= 0")
+        check(0 < self.val_top_p <= 1, "val_top_p must be in (0, 1]")
+        check(self.val_max_response_len is None or self.val_max_response_len >= 1, "val_max_response_len must be >= 1")
+        check(self.val_template in ALL_TEMPLATES, f"val_template must be one of {', '.join(ALL_TEMPLATES)}")
+        check(self.val_bootstrap >= 1, "val_bootstrap must be >= 1")
+        check(not self.save_best or self.val_every, f"--save-best {self.save_best} needs validation: pass --val-every N")
+        check(not self.save_best or self.save_best.startswith("val/"), f"--save-best takes a validation metric (val/avg@{self.val_n}, val/pass@1, ...), got '{self.save_best}'")
+        check(self.early_stop_patience >= 0, "early_stop_patience must be >= 0 (0 = never)")
+        check(not self.early_stop_patience or self.save_best, "--early-stop-patience counts validations without a better --save-best metric: pass --save-best too")
+
+
+@dataclass
 class Generation:
     """An engine, its tokenizer and a reward scorer, opened together and closed together."""
 
@@ -161,6 +194,23 @@ def training_rows(data: str) -> list[dict[str, Any]]:
     if not rows:
         raise ReasonRLError(f"{data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
     return rows
+
+
+def validation_rows(cfg: Any) -> list[dict[str, Any]]:
+    """The distinct validation problems of a run with ``--val-every``: ``--val-data`` (a prepared
+    directory's validation split, an eval set or a data file), else the training data's validation
+    split; the first ``--val-max-problems``."""
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.evaluation.datasets import load_problems
+    from reasonrl.evaluation.problems import merge_replicas
+
+    src = cfg.val_data or cfg.data
+    rows = load_problems(src, cfg.val_template)
+    problems = merge_replicas(rows, [r["extra_info"]["where"] for r in rows]).rows if rows else []
+    if not problems:
+        raise ReasonRLError(f"--val-every: {src} has no validation problems: pass --val-data (an eval set such as math500, or a data file), "
+                            "or prepare the data with a validation split (prepare-data --val-size N)")
+    return problems[: cfg.val_max_problems] if cfg.val_max_problems else problems
 
 
 def make_collector(cfg: Any, *, spec: Any, engine: Any, tokenizer: Any, scorer: Any, stream: Any, ranks: Any, **dynamic: Any) -> Any:

@@ -30,12 +30,12 @@ from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.perf import StepPerf
 from reasonrl.rundir import releases_claims
-from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
-                                      training_rows)
+from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts, make_backend, make_collector, make_learner,
+                                      start_ranks, training_rows, validation_rows)
 
 
 @dataclass
-class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
+class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in docs/algorithms.md).")
@@ -69,6 +69,7 @@ class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
         self._check_model()
         self._check_rollout()
         self._check_tracking()
+        self._check_val()
         check(self.algo in A.ALGOS, f"unknown --algo '{self.algo}': choose one of {', '.join(A.ALGOS)}")
         check(self.steps >= 1, "steps must be >= 1")
         check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
@@ -217,17 +218,19 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
-    from reasonrl.train.checkpoint import latest_checkpoint, save_checkpoint, start_run
+    from reasonrl.train.checkpoint import latest_checkpoint, save_best, save_checkpoint, start_run
     from reasonrl.train.collector import DataStream
     from reasonrl.train.ranks import Ranks
-    from reasonrl.train.step_metrics import flatten_metrics, log_line
+    from reasonrl.train.step_metrics import flatten_metrics, log_line, val_line
     from reasonrl.train.step import train_step
+    from reasonrl.train.validation import Best, Validator
 
     console = console or Console(stderr=True)
     spec = cfg.algo_spec()
     out = Path(cfg.out)
     # Validate every input before anything is written.
     rows = training_rows(cfg.data)
+    val_rows = validation_rows(cfg) if cfg.val_every else []
     policy_dir = cfg.policy_dir()
     cdir: Path | None = None
     if spec.use_critic:
@@ -263,7 +266,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
     policy_backend = make_backend(cfg, policy, cfg.lr, dtype)
     stream = DataStream(rows, cfg.seed)
-    start = 0
+    start, val_state = 0, None
     if ckpt:
         st = json.loads((ckpt / "trainer_state.json").read_text())
         start = int(st["step"])
@@ -272,11 +275,13 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         policy_backend.load_state(ckpt / "policy_state")
         if critic_backend is not None:
             critic_backend.load_state(ckpt / "critic_state")
+        val_state = st.get("val")
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
         console.print(f"resumed from {ckpt} (step {start})")
 
-    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+    val_len = cfg.val_max_response_len or cfg.max_response_len
+    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0))
     if ckpt:
         engine.update_weights(policy_backend.full_state_dict())
     scorer = RewardScorer()
@@ -285,6 +290,11 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                                overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds)
     learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, policy=policy, policy_backend=policy_backend,
                            critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
+    validator = Validator(val_rows, tok, scorer, ranks, n=cfg.val_n, temperature=cfg.val_temperature, top_p=cfg.val_top_p, top_k=-1,
+                          max_tokens=val_len, max_prompt_len=cfg.max_prompt_len, ks=[1], seed=cfg.seed, n_boot=cfg.val_bootstrap) if cfg.val_every else None
+    best = Best(cfg.save_best, cfg.early_stop_patience) if cfg.save_best else None
+    if best is not None:
+        best.load(val_state)
     if rank == 0:
         write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
@@ -296,12 +306,33 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
     runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank,
                     then="the run stops: free space (or fix the cause), then continue from its last checkpoint with --resume")
-    bad_steps = 0
+    bad_steps, last = 0, start
     progress.phase = "steps"
     stop.install(ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts.StepStop)
+
+    def validate(step: int, m: dict[str, Any]) -> None:
+        """Validation at ``step`` (its metrics into ``m``), the best policy kept in out/best/."""
+        display.status(f"step {step}: validate on {len(val_rows)} problems × {cfg.val_n}")
+        m.update(validator.run(engine, step))
+        if best is not None:
+            new_best = ranks.max(torch.tensor([float(rank == 0 and best.update(m, step))])).item() > 0
+            if rank != 0:  # (the other ranks keep the count too: every rank stops at the same step)
+                best.since = 0 if new_best else best.since + 1
+            if new_best:
+                display.status(f"step {step}: save best policy")
+                save_best(out, best, step, policy_backend=policy_backend, tokenizer=tok, rank=rank)
+
     try:
         display.start()
+        if validator is not None and start == 0:
+            m0: dict[str, Any] = {"step": 0}
+            validate(0, m0)  # the policy before any update
+            if rank == 0:
+                runlog.append(m0)
+                display.print(val_line(0, m0, cfg.val_n))
         for step in range(start + 1, cfg.steps + 1):
+            if best is not None and best.stop:
+                break  # (a resumed run that had stopped early)
             rng, data = torch.get_rng_state(), stream.state()  # the state after the last step, should this one be dropped
             try:
                 stop.begin_step()
@@ -314,11 +345,16 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 if progress.finished > progress.saved and not bad_steps:
                     display.status("save checkpoint")
                     save_checkpoint(out, progress.finished, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
-                                    data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last)
+                                    data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
+                                    val_state=best.state() if best is not None else None)
                     progress.saved, progress.written = progress.finished, True
                 break
             m = res.metrics
             bad_steps = bad_steps + 1 if res.bad_step else 0
+            last = step
+            if validator is not None and (step % cfg.val_every == 0 or step == cfg.steps):
+                validate(step, m)
+            early = best is not None and best.stop  # (--early-stop-patience)
             history.append(m)
             bar.advance()
             if rank == 0:
@@ -329,6 +365,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                                            f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     display.print(log_line(step, cfg.steps, m))
+                if "perf/val_s" in m:
+                    display.print(val_line(step, m, cfg.val_n))
                 if cfg.keep_rollouts:
                     from reasonrl.rollouts import write_rollouts
 
@@ -337,12 +375,16 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             if bad_steps >= cfg.max_bad_steps:
                 raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
             stopping = stop.requested()  # (every rank: the same answer)
-            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping) and not bad_steps:
+            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping or early) and not bad_steps:
                 display.status("save checkpoint")
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
-                                data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last)
+                                data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
+                                val_state=best.state() if best is not None else None)
                 progress.saved, progress.written = step, stopping
-            if stopping:
+            if early and rank == 0:
+                display.print(f"early stop at step {step}: {cfg.save_best} has not beaten {best.value:.4f} (step {best.step}) "
+                              f"in {best.since} validations (--early-stop-patience)")
+            if stopping or early:
                 break
     finally:
         stop.closing()  # (signals are ignored from here on: closing, then the one line or the final outputs)
@@ -355,18 +397,23 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     progress.phase = "final"
     if rank == 0:
         final = latest_checkpoint(out)
-        if final is None or final.name != f"step_{cfg.steps}":
-            raise ReasonRLError(f"step {cfg.steps} made no update (non-finite values): no final policy written; "
+        end = last if best is not None and best.stop else cfg.steps
+        if final is None or final.name != f"step_{end}":
+            raise ReasonRLError(f"step {end} made no update (non-finite values): no final policy written; "
                                 f"the last good checkpoint is {final}; lower --lr and --resume")
         with run.writing(("policy", "summary.json")):
             if (out / "policy").exists():
                 shutil.rmtree(out / "policy")
             shutil.copytree(final / "policy", out / "policy")
             # (a resumed run whose last step was already checkpointed ran no step: its last record is on disk)
-            summary = {"steps": cfg.steps, "last": flatten_metrics(history[-1] if history else last_record(out / "metrics.jsonl", cfg.steps))}
+            summary = {"steps": end, "last": flatten_metrics(history[-1] if history else last_record(out / "metrics.jsonl", end))}
+            if best is not None:
+                summary["best"] = best.state()
+                summary["early_stopped"] = best.stop
             write_json(out / "summary.json", summary)
             write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},
-                           extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", "checkpoints/", "summary.json"]})
+                           extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", "checkpoints/", "summary.json",
+                                                                                *(["best/"] if best is not None and best.step is not None else [])]})
     if world > 1:
         torch.distributed.barrier()
     return {"history": history, "out": str(out)}

@@ -33,7 +33,8 @@ class RunLog:
 
     def __init__(self, run_dir: str | Path, report_to: list[str], *, name: str, config: dict[str, Any], start_step: int = 0, rank: int = 0,
                  then: str = "") -> None:
-        self.run_dir, self.rank, self.last_step, self.then = Path(run_dir), rank, start_step, then
+        # (a fresh run may log a step 0: training's validation before any update)
+        self.run_dir, self.rank, self.last_step, self.then = Path(run_dir), rank, start_step if start_step else -1, then
         self.trackers: list[Tracker] = []
         if rank == 0:
             with self._writing("the trackers' files", 0):
@@ -92,7 +93,7 @@ class _Writing:
 
     def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
         if et is not None and issubclass(et, OSError):
-            at = f" at step {self.step}" if self.step else ""
+            at = f" at step {self.step}" if self.step > 0 else ""
             then = f"; {self.log.then}" if self.log.then else ""
             raise ReasonRLError(f"could not write {self.what}{at}: {write_failure(e)}{then}") from None
         return False

@@ -28,7 +28,7 @@ from reasonrl.rundir import RunDir, claim, write_failure
 from reasonrl.tracking.base import TRACKER_OUTPUTS
 
 #: What `reasonrl train` writes in its run directory (all an --overwrite may delete).
-RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "metrics.jsonl", "summary.json", "config.json", *TRACKER_OUTPUTS, MANIFEST)
+RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "best", ".best.tmp", "metrics.jsonl", "summary.json", "config.json", *TRACKER_OUTPUTS, MANIFEST)
 #: Config keys a --resume may change: they do not change what the run computes (``out``: a run
 #: directory may be moved).
 RESUMABLE_CHANGES = {"out", "steps", "save_every", "log_every", "keep_last", "resume", "overwrite", "report_to", "quiet", "max_bad_steps",
@@ -149,7 +149,7 @@ def nonfinite(state_dict: dict[str, torch.Tensor]) -> list[str]:
 
 
 def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend: Any, tokenizer: Any, data_state: dict[str, Any],
-                    rank: int, world: int, keep_last: int = 0) -> Path:
+                    rank: int, world: int, keep_last: int = 0, val_state: dict[str, Any] | None = None) -> Path:
     """Write ``out/checkpoints/step_{step}`` (every rank takes part: ZeRO state is sharded).
 
     Refuses (one-line error) when a weight is not finite. A failed write (a full disk) removes the
@@ -178,7 +178,7 @@ def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend
             critic_backend.save_state(tmp / "critic_state")
         if rank == 0:
             torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-            write_json(tmp / "trainer_state.json", {"step": step, "data": data_state})
+            write_json(tmp / "trainer_state.json", {"step": step, "data": data_state, **({"val": val_state} if val_state else {})})
             shutil.rmtree(d, ignore_errors=True)
             tmp.rename(d)
             write_latest(out, d.name)
@@ -218,6 +218,21 @@ def _write_error(e: BaseException, where: Path) -> str | None:
         pass
     text = str(e).strip().splitlines()
     return f"a write failed: {text[-1][:160] if text else type(e).__name__}"
+
+
+def save_best(out: Path, best: Any, step: int, *, policy_backend: Any, tokenizer: Any, rank: int) -> Path:
+    """``out/best/`` := the current policy (an HF directory) with a ``best.json`` naming the step,
+    the metric and its value; written to ``.best.tmp`` and renamed into place (every rank takes
+    part: ZeRO-3 gathers the shards)."""
+    d, tmp = out / "best", out / ".best.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    policy_backend.save_model(tmp, tokenizer)
+    if rank == 0:
+        write_json(tmp / "best.json", {"step": step, "metric": best.metric, "value": best.value})
+        shutil.rmtree(d, ignore_errors=True)
+        tmp.rename(d)
+    return d
 
 
 def write_latest(out: Path, name: str) -> None:

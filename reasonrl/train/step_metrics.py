@@ -107,6 +107,18 @@ def log_line(step: int, steps: int, m: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def val_line(step: int, v: dict[str, Any], n: int) -> str:
+    """One console line per validation: avg@n and pass@1 with their intervals, length, time."""
+    def ci(k: str) -> str:
+        if k not in v:
+            return f"{k.split('/')[-1]} -"
+        return f"{k.split('/')[-1]} {100 * v[k]:.1f}% [{100 * v[k + '_ci_low']:.1f}, {100 * v[k + '_ci_high']:.1f}]"
+
+    parts = [f"val {step}", ci(f"val/avg@{n}"), ci(f"val/maj@{n}"), f"{int(v.get('val/problems', 0))}×{n}",
+             f"len {v.get('val/response_length_mean', float('nan')):.0f}", f"{v.get('perf/val_s', 0.0):.1f} s"]
+    return " | ".join(p for p in parts if p)
+
+
 def flatten_metrics(m: dict[str, Any]) -> dict[str, Any]:
     """Drop the bulky lists for the console; keep everything for metrics.jsonl."""
     return {k: v for k, v in m.items() if not isinstance(v, (list, dict))}

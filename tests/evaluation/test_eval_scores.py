@@ -174,3 +174,18 @@ def test_empty_inputs_raise() -> None:
         avg_at_n([[]])
     with pytest.raises(ValueError):
         maj_at_n([["1"]], [])
+
+
+def test_paired_difference_resamples_pairs() -> None:
+    from reasonrl.evaluation.scores import bootstrap_ci, paired_difference
+
+    before = [0.0, 0.25, 0.5, 0.75, 1.0, 0.0, 0.5, 1.0]
+    after = [b + 0.25 if b < 1 else b for b in before]  # every problem gains (or is already solved)
+    d = paired_difference(after, before, n_boot=500, seed=1)
+    assert d["problems"] == 8 and abs(d["value"] - sum(a - b for a, b in zip(after, before)) / 8) < 1e-12
+    assert d["ci"][0] > 0  # a consistent gain is beyond noise when paired ...
+    lo_b, hi_b = bootstrap_ci(before, n_boot=500, seed=1)
+    lo_a, hi_a = bootstrap_ci(after, n_boot=500, seed=1)
+    assert lo_a < hi_b  # ... though the two separate intervals overlap
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference([1.0], [1.0, 0.0])

@@ -21,7 +21,8 @@ RECIPES = {  # the main job's recipes, shrunk for the tiny model (same keys as s
     "prepare-data-cpu.toml": 'template = "none"\nval_size = 4\nseed = 0\ndecontaminate = []\n',
     "pretrain-value-cpu.toml": 'steps = 2\nprompts_per_step = 2\ngroup_size = 4\nmax_response_len = 8\nmini_batch_size = 8\nmicro_batch_size = 4\neval_prompts = 2\ndtype = "fp32"\n',
     "train-dapo-cpu.toml": ('algo = "dapo"\nsteps = 3\nprompts_per_step = 2\ngroup_size = 4\noversample = 1.5\nmax_gen_rounds = 3\nmax_response_len = 8\n'
-                            'overlong_cache_len = 2\nlr = 1e-4\nmini_batch_size = 8\nmicro_batch_size = 4\ndtype = "fp32"\n'),
+                            'overlong_cache_len = 2\nlr = 1e-4\nmini_batch_size = 8\nmicro_batch_size = 4\ndtype = "fp32"\n'
+                            'val_every = 3\nval_n = 2\nval_bootstrap = 50\nval_max_response_len = 8\n'),
     "eval-cpu.toml": 'n = 4\nmax_response_len = 8\nks = [1, 4]\nbootstrap = 100\ndtype = "fp32"\n',
     "eval-aime-cpu.toml": 'n = 1\nmax_response_len = 4\nks = [1]\nbootstrap = 20\ndtype = "fp32"\n',
 }
@@ -58,6 +59,20 @@ def test_main_job_shows_a_bar_with_eta_in_every_stage_and_ends_with_the_report(m
     report = out / "report" / "report.html"
     assert res["report"] == str(report) and report.is_file()
     assert console.rstrip().endswith(f"report: {report}")
+
+
+def test_main_job_writes_the_paired_gain(main_job):
+    """trained − base in avg@n over the same held-out problems, with a paired bootstrap interval."""
+    out, res, console = main_job
+    summary = json.loads((out / "summary.json").read_text())
+    d = summary["delta"]["avg@4"]
+    base, trained = res["base"]["per_problem"]["avg@4"], res["trained"]["per_problem"]["avg@4"]
+    assert d["problems"] == len(base) == len(trained) == 4
+    assert abs(d["value"] - (sum(trained) - sum(base)) / 4) < 1e-12 and d["ci"][0] <= d["value"] <= d["ci"][1]
+    assert summary["base"] == res["base"]["metrics"] and summary["minutes"] > 0
+    assert "paired gain (trained − base, same 4 problems) avg@4:" in console
+    val = [json.loads(ln) for ln in (out / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in val if "val/avg@2" in m] == [0, 3]  # validation on in the main job
 
 
 def _figures(html: str) -> list[str]:
