@@ -1,7 +1,7 @@
 """Chaos: SIGKILL and SIGTERM the real CLI at random moments and resume; the run must end as if nothing happened.
 
 `reasonrl train` (HF engine, fp32, the format-taught tiny model, DAPO with dynamic sampling) is
-killed with SIGKILL at >= 10 random moments (some timed to land while a checkpoint is being
+(with validation on: step 0, every 2 steps, the last, a best policy kept) killed with SIGKILL at >= 10 random moments (some timed to land while a checkpoint is being
 written), and rerun each time the way a user would: `--resume` when a checkpoint exists, else
 `--overwrite`. The final weights must be bitwise equal to an uninterrupted run's, metrics.jsonl must
 hold each step exactly once with the same values, and the checkpoints must be the same. The other
@@ -48,10 +48,15 @@ def _cmd(*args: object) -> list[str]:
     return [sys.executable, "-m", "reasonrl.cli", *[str(a) for a in args]]
 
 
+#: Validation on (step 0, every 2 steps, the last), with a best policy kept: a resumed run validates as the uninterrupted one.
+VAL = ["--val-every", "2", "--val-n", "2", "--val-bootstrap", "50", "--val-max-response-len", "8", "--save-best", "val/avg@2"]
+
+
 def _train_args(model: Path, data: Path, out: Path, save_every: int = 1) -> list[object]:
     return ["train", "--algo", "dapo", "--model", model, "--data", data, "--out", out, "--engine", "hf", "--dtype", "fp32",
             "--group-size", "4", "--max-response-len", "8", "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "2",
-            "--max-gen-rounds", "2", "--overlong-cache-len", "2", "--lr", "1e-3", "--save-every", save_every, "--steps", STEPS, "--seed", "3"]
+            "--max-gen-rounds", "2", "--overlong-cache-len", "2", "--lr", "1e-3", "--save-every", save_every, "--steps", STEPS, "--seed", "3",
+            *VAL]
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -119,7 +124,9 @@ def reference(format_model, toy_data_file, tmp_path_factory) -> tuple[Path, Path
 def _same_run(out: Path, ref: Path) -> None:
     """metrics.jsonl: each step once, with the reference's values; the final weights bitwise equal."""
     assert _metrics(out) == _metrics(ref)
-    assert [m["step"] for m in _metrics(out)] == list(range(1, STEPS + 1))
+    assert [m["step"] for m in _metrics(out)] == list(range(0, STEPS + 1))  # (step 0: the validation before any update)
+    assert [m["step"] for m in _metrics(out) if "val/avg@2" in m] == [0, *range(2, STEPS + 1, 2)] + ([STEPS] if STEPS % 2 else [])
+    assert json.loads((out / "best" / "best.json").read_text()) == json.loads((ref / "best" / "best.json").read_text())
     a, b = _weights(ref / "policy"), _weights(out / "policy")
     assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a), "final weights differ"
 
@@ -254,7 +261,7 @@ def test_sigterm_anywhere_then_resume_is_the_same_run(format_model, reference, t
         assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
         done = _done_steps(out)
         logged = [m["step"] for m in _metrics(out)] if (out / "metrics.jsonl").is_file() else []
-        assert logged == list(range(1, done + 1)), (lines[0], logged)  # every finished step logged once, and checkpointed
+        assert [s for s in logged if s > 0] == list(range(1, done + 1)), (lines[0], logged)  # every finished step logged once, and checkpointed
         if "train did not finish" in lines[0]:  # stopped before the command began (imports): the same command again
             assert lines[0].endswith("rerun the same command"), lines[0]
         elif done:
