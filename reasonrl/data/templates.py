@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from reasonrl.data.tasks import CHAIN_EXAMPLES, chain_problem, direct_answer, worked_steps
+
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
@@ -37,18 +41,38 @@ FEWSHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("What is 2 + 2?", "2 + 2 = 4.\nAnswer: 4"),
     ("What is 10 + 5?", "10 + 5 = 15.\nAnswer: 15"),
 )
-#: few-shot template name → the single-turn template used for every turn
-FEWSHOT_TEMPLATES = {"fewshot": "none", "dapo-fewshot": "dapo"}
+#: The addition-chain task's examples (data/chains.jsonl, reasonrl.data.tasks): worked one
+#: addition per line (``chains``), or answered at once (``chains-direct``, for comparison).
+CHAIN_STEPS_EXAMPLES: tuple[tuple[str, str], ...] = tuple((chain_problem(c), worked_steps(c)) for c in CHAIN_EXAMPLES)
+CHAIN_DIRECT_EXAMPLES: tuple[tuple[str, str], ...] = tuple((chain_problem(c), direct_answer(c)) for c in CHAIN_EXAMPLES)
+
+
+@dataclass(frozen=True)
+class FewShot:
+    """A few-shot template: ``examples`` (problem, answer) as earlier chat turns, every user turn
+    (the problem's too) in the single-turn template ``inner``."""
+
+    inner: str
+    examples: tuple[tuple[str, str], ...]
+
+
+#: few-shot template name → its single-turn template and examples
+FEWSHOT_TEMPLATES: dict[str, FewShot] = {
+    "fewshot": FewShot("none", FEWSHOT_EXAMPLES),
+    "dapo-fewshot": FewShot("dapo", FEWSHOT_EXAMPLES),
+    "chains": FewShot("none", CHAIN_STEPS_EXAMPLES),
+    "chains-direct": FewShot("none", CHAIN_DIRECT_EXAMPLES),
+}
 
 
 def messages_for(name: str, problem: str) -> list[dict[str, str]]:
     """The chat messages (verl's ``prompt`` column) for ``problem`` under template ``name``."""
     if name in FEWSHOT_TEMPLATES:
-        inner = FEWSHOT_TEMPLATES[name]
+        shot = FEWSHOT_TEMPLATES[name]
         msgs: list[dict[str, str]] = []
-        for q, a in FEWSHOT_EXAMPLES:
-            msgs += [{"role": "user", "content": apply_template(inner, q)}, {"role": "assistant", "content": a}]
-        return msgs + [{"role": "user", "content": apply_template(inner, problem)}]
+        for q, a in shot.examples:
+            msgs += [{"role": "user", "content": apply_template(shot.inner, q)}, {"role": "assistant", "content": a}]
+        return msgs + [{"role": "user", "content": apply_template(shot.inner, problem)}]
     return [{"role": "user", "content": apply_template(name, problem)}]
 
 
