@@ -87,7 +87,7 @@ def run_cli(args: list[str], env: dict[str, str], log: Path) -> None:
 def evaluate(template: str, a: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
     data_dir, eval_dir, log = work / f"data-{template}", work / f"eval-{template}", work / f"{template}.log"
     t0 = time.time()
-    run_cli(["prepare-data", "--inputs", a.data, "--template", template, "--val-size", str(a.val_size), "--seed", str(a.seed),
+    run_cli(["prepare-data", a.data, "--template", template, "--val-size", str(a.val_size), "--seed", str(a.seed),
              "--out", str(data_dir), "--overwrite", "--quiet"], env, log)
     t1 = time.time()
     run_cli(["eval", "file", "--dataset", str(data_dir), "--n", str(a.n), "--temperature", "1.0", "--top-p", str(a.top_p),
@@ -122,6 +122,10 @@ def by_length(samples: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(out.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
 
+def fmt(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
 def print_tables(summary: dict[str, Any], templates: list[str]) -> None:
     for t in templates:
         r = summary["templates"].get(t)
@@ -135,7 +139,6 @@ def print_tables(summary: dict[str, Any], templates: list[str]) -> None:
         for name, s in rows:
             m = s["avg"]
             f = s["by_form"]
-            fmt = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
             print(f"{name:10s} {s['problems']:5d} {100 * m['value']:5.1f}% [{100 * m['ci'][0]:5.1f},{100 * m['ci'][1]:5.1f}] "
                   f"{s['length']['mean']:8.1f} {s['length']['median']:5.1f} {s['length']['p90']:6.1f} {s['length']['max']:4d} "
                   f"{100 * s['length']['truncated_frac']:5.1f}% {100 * f['steps']['share']:5.1f}% {fmt(f['steps']['acc']):>9s} "
@@ -144,6 +147,11 @@ def print_tables(summary: dict[str, Any], templates: list[str]) -> None:
     if d:
         print(f"\npaired by problem, {d['minus']}: ", end="")
         print(", ".join(f"{k} {100 * v['value']:+.1f} [{100 * v['ci'][0]:+.1f}, {100 * v['ci'][1]:+.1f}]" for k, v in d.items() if k != "minus"))
+    p = summary.get("pooled_by_form")
+    if p:
+        print("responses of both templates, by the rule: ", end="")
+        print(", ".join(f"{k}: steps {v['steps']['responses']} at {fmt(v['steps']['acc'])}, direct {v['direct']['responses']} at {fmt(v['direct']['acc'])}"
+                        for k, v in p.items() if k != "templates"))
 
 
 def main() -> None:
@@ -202,6 +210,9 @@ def main() -> None:
         a_src, b_src = by_length(first), by_length(second)
         pairs.update({src: paired_diff(a_src[src], b_src[src]) for src in a_src if src in b_src})
         summary["paired"] = {"minus": f"{templates[0]} - {templates[1]}", **pairs}
+        pooled = first + second
+        summary["pooled_by_form"] = {"templates": templates[:2], "all": steps_split(pooled),
+                                     **{src: steps_split(ss) for src, ss in by_length(pooled).items()}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print_tables(summary, templates)
 

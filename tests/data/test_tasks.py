@@ -20,6 +20,7 @@ from reasonrl.data.tasks import (
     chain_problem,
     chain_source,
     direct_answer,
+    examples_for,
     make_chains,
     worked_steps,
     write_jsonl,
@@ -28,8 +29,10 @@ from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.rewards import extract_answer, math_reward
 from reasonrl.stages.prepare_data import PrepareConfig, run_prepare
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "chains.jsonl"
-STEP = re.compile(r"^Add (\d+): (\d+) \+ (\d+) = (\d+)\.$")
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "chains.jsonl"
+STEP = re.compile(r"^(\d+)\. Add (\d+): (\d+) \+ (\d+) = (\d+)\.$")
+EXAMPLES = {c for chains in CHAIN_EXAMPLES.values() for c in chains}
 
 
 def rows() -> list[dict]:
@@ -38,13 +41,14 @@ def rows() -> list[dict]:
 
 def test_the_file_is_what_the_generator_writes(tmp_path) -> None:
     first, second = write_jsonl(make_chains(), tmp_path / "a.jsonl"), write_jsonl(make_chains(), tmp_path / "b.jsonl")
-    assert first.read_bytes() == second.read_bytes() == DATA.read_bytes(), "regenerate it: python -m reasonrl.data.tasks"
+    assert first.read_bytes() == second.read_bytes() == DATA.read_bytes(), "regenerate it: python data/make_chains.py"
     assert make_chains(seed=1) != make_chains(), "the seed draws the chains"
 
 
-def test_the_module_command_writes_the_file(tmp_path, capsys) -> None:
-    from reasonrl.data.tasks import main
+def test_the_script_writes_the_file(tmp_path, capsys) -> None:
+    import runpy
 
+    main = runpy.run_path(str(ROOT / "data" / "make_chains.py"))["main"]
     main(["--out", str(tmp_path / "c.jsonl")])
     assert (tmp_path / "c.jsonl").read_bytes() == DATA.read_bytes()
     assert f"{sum(CHAIN_LENGTHS.values())} chains" in capsys.readouterr().out
@@ -54,12 +58,11 @@ def test_every_answer_is_the_sum_and_every_problem_distinct() -> None:
     data = rows()
     assert Counter(r["length"] for r in data) == Counter(CHAIN_LENGTHS)
     assert len({r["problem"] for r in data}) == len(data)
-    examples = {tuple(e) for e in CHAIN_EXAMPLES}
     for r in data:
         numbers = chain_numbers(r["problem"])
         assert list(numbers) == r["numbers"] and len(numbers) == r["length"]
         assert all(LOW <= n <= HIGH for n in numbers)
-        assert numbers not in examples, "the templates' examples stay out of the data"
+        assert numbers not in EXAMPLES, "the templates' examples stay out of the data"
         assert r["answer"] == str(sum(numbers)) and int(r["answer"]) == sum(numbers)
         assert r["data_source"] == chain_source(r["length"])
         assert r["steps"] == worked_steps(numbers)
@@ -70,11 +73,11 @@ def test_worked_steps_add_up_and_score_as_correct() -> None:
     for r in rows():
         *steps, last = r["steps"].split("\n")
         start = steps.pop(0)
-        assert start == f"Start with {r['numbers'][0]}."
+        assert start == f"1. Start with {r['numbers'][0]}."
         total = r["numbers"][0]
-        for line, n in zip(steps, r["numbers"][1:], strict=True):
-            added, before, again, after = map(int, STEP.match(line).groups())
-            assert (added, before, again) == (n, total, n) and after == total + n
+        for i, (line, n) in enumerate(zip(steps, r["numbers"][1:], strict=True), start=2):
+            index, added, before, again, after = map(int, STEP.match(line).groups())
+            assert (index, added, before, again) == (i, n, total, n) and after == total + n
             total = after
         assert last == f"Answer: {total}" and extract_answer(r["steps"]) == r["answer"]
         assert math_reward(r["steps"], r["answer"]) == 1.0
@@ -82,16 +85,28 @@ def test_worked_steps_add_up_and_score_as_correct() -> None:
 
 
 @pytest.mark.parametrize("template,answer", [("chains", worked_steps), ("chains-direct", direct_answer)])
-def test_the_templates_show_the_examples_then_the_problem(template, answer) -> None:
+@pytest.mark.parametrize("length", sorted(CHAIN_LENGTHS))
+def test_the_templates_show_two_examples_as_long_as_the_problem(template, answer, length) -> None:
     assert template in ALL_TEMPLATES
-    problem = chain_problem((8, 1, 5, 7))
+    problem = chain_problem(range(1, length + 1))
     msgs = messages_for(template, problem)
-    assert [m["role"] for m in msgs] == ["user", "assistant"] * len(CHAIN_EXAMPLES) + ["user"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
     assert msgs[-1]["content"] == problem
-    for (q, a), example in zip(zip(msgs[:-1:2], msgs[1::2]), CHAIN_EXAMPLES, strict=True):
+    shown = examples_for(problem)
+    assert [len(c) for c in shown] == [length, length] and len(set(shown)) == 2
+    for (q, a), example in zip(zip(msgs[:-1:2], msgs[1::2]), shown, strict=True):
         assert q["content"] == chain_problem(example) and a["content"] == answer(example)
         assert math_reward(a["content"], sum(example)) == 1.0, "the reward reads the examples' own answers as correct"
-    assert len({len(e) for e in CHAIN_EXAMPLES}) == len(CHAIN_EXAMPLES), "the examples show chains of different lengths"
+        assert extract_answer(a["content"]) == str(sum(example))
+
+
+def test_examples_for_other_problems() -> None:
+    assert examples_for("What is 2 + 2?") == CHAIN_EXAMPLES[2]
+    assert examples_for(chain_problem([1] * 20)) == CHAIN_EXAMPLES[max(CHAIN_EXAMPLES)]
+    assert examples_for("Natalia sold clips to 48 of her friends.") == CHAIN_EXAMPLES[4]
+    assert len(messages_for("chains", "Natalia sold clips to 48 of her friends.")) == 5
+    with pytest.raises(ValueError, match="not a chain problem"):
+        chain_numbers("What is 2 - 1?")
 
 
 def test_prepare_data_keeps_every_chain_and_its_length(tmp_path) -> None:
