@@ -141,17 +141,22 @@ def evaluate(template: str, a: argparse.Namespace, work: Path, env: dict[str, st
     t2 = time.time()
     res = json.loads((eval_dir / "results.json").read_text())
     samples = [json.loads(x) for x in (eval_dir / "samples.jsonl").read_text().splitlines()]
+    from reasonrl.data import load_prepared
+
+    raw = [r["extra_info"]["raw_problem"] for r in load_prepared(data_dir, "validation")]
+    for s in samples:  # where = "validation.parquet row N"
+        s["raw_problem"] = raw[int(s["where"].rsplit(" ", 1)[1]) - 1]
     return {"results": res, "samples": samples, "prepare_s": t1 - t0, "eval_s": t2 - t1}
 
 
 def paired_diff(steps: list[dict[str, Any]], direct: list[dict[str, Any]], n_boot: int = 1000) -> dict[str, Any]:
-    """Per-problem accuracy, steps − direct template, over the problems both evaluated (by ``where``)."""
+    """Per-problem accuracy, steps − direct template, over the problems both evaluated."""
     from reasonrl.evaluation.scores import bootstrap_ci
 
     def per_problem(samples: list[dict[str, Any]]) -> dict[str, float]:
         acc: dict[str, list[bool]] = {}
         for s in samples:
-            acc.setdefault(s["where"], []).append(s["correct"])
+            acc.setdefault(s["raw_problem"], []).append(s["correct"])
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
     a, b = per_problem(steps), per_problem(direct)
@@ -248,7 +253,7 @@ def main() -> None:
         for src, ss in by_length(samples).items():
             rec["by_source"][src] = {"problems": res["by_source"][src]["problems"], "avg": res["by_source"][src]["metrics"][avg], **summarise(ss, a.max_response_len)}
         rec["all"] = {"problems": res["problems"], "avg": res["metrics"][avg], **summarise(samples, a.max_response_len)}
-        (out / f"samples-{t}-{tag}.jsonl").write_text("".join(json.dumps({k: s[k] for k in ("where", "source", "sample", "ground_truth", "extracted", "correct",
+        (out / f"samples-{t}-{tag}.jsonl").write_text("".join(json.dumps({k: s[k] for k in ("raw_problem", "where", "source", "sample", "ground_truth", "extracted", "correct",
                                                                                         "finish_reason", "length", "response")}) + "\n" for s in samples))
         runs[t] = rec
         with open(log, "a", encoding="utf-8") as f:
