@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+from reasonrl.data.tasks import chain_problem, direct_answer, examples_for, worked_steps
+
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
@@ -37,18 +42,46 @@ FEWSHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("What is 2 + 2?", "2 + 2 = 4.\nAnswer: 4"),
     ("What is 10 + 5?", "10 + 5 = 15.\nAnswer: 15"),
 )
-#: few-shot template name → the single-turn template used for every turn
-FEWSHOT_TEMPLATES = {"fewshot": "none", "dapo-fewshot": "dapo"}
+Examples = tuple[tuple[str, str], ...]  # (problem, answer) pairs
+
+
+def chain_steps_examples(problem: str) -> Examples:
+    """The ``chains`` template's examples for ``problem`` (data/chains.jsonl, reasonrl.data.tasks):
+    two chains with as many numbers as the problem, worked one addition a numbered line."""
+    return tuple((chain_problem(c), worked_steps(c)) for c in examples_for(problem))
+
+
+def chain_direct_examples(problem: str) -> Examples:
+    """The ``chains-direct`` template's examples: the same chains, answered at once (for comparison)."""
+    return tuple((chain_problem(c), direct_answer(c)) for c in examples_for(problem))
+
+
+@dataclass(frozen=True)
+class FewShot:
+    """A few-shot template: ``examples(problem)`` (problem, answer) pairs as earlier chat turns,
+    every user turn (the problem's too) in the single-turn template ``inner``."""
+
+    inner: str
+    examples: Callable[[str], Examples]
+
+
+#: few-shot template name → its single-turn template and examples
+FEWSHOT_TEMPLATES: dict[str, FewShot] = {
+    "fewshot": FewShot("none", lambda problem: FEWSHOT_EXAMPLES),
+    "dapo-fewshot": FewShot("dapo", lambda problem: FEWSHOT_EXAMPLES),
+    "chains": FewShot("none", chain_steps_examples),
+    "chains-direct": FewShot("none", chain_direct_examples),
+}
 
 
 def messages_for(name: str, problem: str) -> list[dict[str, str]]:
     """The chat messages (verl's ``prompt`` column) for ``problem`` under template ``name``."""
     if name in FEWSHOT_TEMPLATES:
-        inner = FEWSHOT_TEMPLATES[name]
+        shot = FEWSHOT_TEMPLATES[name]
         msgs: list[dict[str, str]] = []
-        for q, a in FEWSHOT_EXAMPLES:
-            msgs += [{"role": "user", "content": apply_template(inner, q)}, {"role": "assistant", "content": a}]
-        return msgs + [{"role": "user", "content": apply_template(inner, problem)}]
+        for q, a in shot.examples(problem):
+            msgs += [{"role": "user", "content": apply_template(shot.inner, q)}, {"role": "assistant", "content": a}]
+        return msgs + [{"role": "user", "content": apply_template(shot.inner, problem)}]
     return [{"role": "user", "content": apply_template(name, problem)}]
 
 

@@ -46,7 +46,7 @@ class PrepareConfig(ProgressOpts):
     inputs: list[str] = opt([], help="Math data to read: .jsonl/.json/.parquet files (verl RL parquet included), saved `datasets` directories, or directories of such files.")
     out: str = opt("runs/data", help="Output directory for train.parquet, validation.parquet, report.json and manifest.json.")
     integerize: bool = opt(True, help="Rewrite problems whose answer is not an integer (m/n -> m+n, a*sqrt(b) -> a+b, ...; DAPO section 3.5); false keeps only rows whose answer already is an integer.")
-    template: str = opt("dapo", help="Prompt template: 'dapo' (SPEC.md's DAPO template, answer on an 'Answer:' line), 'boxed' (answer in \\boxed{}), 'none' (the raw problem), or 'fewshot' / 'dapo-fewshot' (two worked 'Answer: N' examples as earlier chat turns, then the problem raw / in the DAPO template).")
+    template: str = opt("dapo", help="Prompt template: 'dapo' (SPEC.md's DAPO template, answer on an 'Answer:' line), 'boxed' (answer in \\boxed{}), 'none' (the raw problem), 'fewshot' / 'dapo-fewshot' (two worked 'Answer: N' examples as earlier chat turns, then the problem raw / in the DAPO template), or 'chains' / 'chains-direct' (for data/chains.jsonl: two addition chains as long as the problem, worked one addition a line / answered at once).")
     val_fraction: float = opt(0.05, help="Fraction of the kept rows held out for validation (at least 1 row when > 0 and 2+ rows are kept); ignored when val_size is set.")
     val_size: int | None = opt(None, help="Exact number of validation rows (overrides val_fraction).")
     seed: int = opt(0, help="Seed of the deterministic train/validation split.")

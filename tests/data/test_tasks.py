@@ -1,0 +1,127 @@
+"""The addition-chain task: data/chains.jsonl is what its seeded generator writes, its answers are
+right, and the chains templates show worked examples that the DAPO reward scores as correct."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from reasonrl.data import load_prepared
+from reasonrl.data.tasks import (
+    CHAIN_EXAMPLES,
+    CHAIN_LENGTHS,
+    HIGH,
+    LOW,
+    chain_numbers,
+    chain_problem,
+    chain_source,
+    direct_answer,
+    examples_for,
+    make_chains,
+    worked_steps,
+    write_jsonl,
+)
+from reasonrl.data.templates import ALL_TEMPLATES, messages_for
+from reasonrl.rewards import extract_answer, math_reward
+from reasonrl.stages.prepare_data import PrepareConfig, run_prepare
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "chains.jsonl"
+STEP = re.compile(r"^(\d+)\. Add (\d+): (\d+) \+ (\d+) = (\d+)\.$")
+EXAMPLES = {c for chains in CHAIN_EXAMPLES.values() for c in chains}
+
+
+def rows() -> list[dict]:
+    return [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()]
+
+
+def test_the_file_is_what_the_generator_writes(tmp_path) -> None:
+    first, second = write_jsonl(make_chains(), tmp_path / "a.jsonl"), write_jsonl(make_chains(), tmp_path / "b.jsonl")
+    assert first.read_bytes() == second.read_bytes() == DATA.read_bytes(), "regenerate it: python data/make_chains.py"
+    assert make_chains(seed=1) != make_chains(), "the seed draws the chains"
+
+
+def test_the_script_writes_the_file(tmp_path, capsys) -> None:
+    import runpy
+
+    main = runpy.run_path(str(ROOT / "data" / "make_chains.py"))["main"]
+    main(["--out", str(tmp_path / "c.jsonl")])
+    assert (tmp_path / "c.jsonl").read_bytes() == DATA.read_bytes()
+    assert f"{sum(CHAIN_LENGTHS.values())} chains" in capsys.readouterr().out
+
+
+def test_every_answer_is_the_sum_and_every_problem_distinct() -> None:
+    data = rows()
+    assert Counter(r["length"] for r in data) == Counter(CHAIN_LENGTHS)
+    assert len({r["problem"] for r in data}) == len(data)
+    for r in data:
+        numbers = chain_numbers(r["problem"])
+        assert list(numbers) == r["numbers"] and len(numbers) == r["length"]
+        assert all(LOW <= n <= HIGH for n in numbers)
+        assert numbers not in EXAMPLES, "the templates' examples stay out of the data"
+        assert r["answer"] == str(sum(numbers)) and int(r["answer"]) == sum(numbers)
+        assert r["data_source"] == chain_source(r["length"])
+        assert r["steps"] == worked_steps(numbers)
+    assert len({r["length"] for r in data[:20]}) > 1, "lengths are shuffled together"
+
+
+def test_worked_steps_add_up_and_score_as_correct() -> None:
+    for r in rows():
+        *steps, last = r["steps"].split("\n")
+        start = steps.pop(0)
+        assert start == f"1. Start with {r['numbers'][0]}."
+        total = r["numbers"][0]
+        for i, (line, n) in enumerate(zip(steps, r["numbers"][1:], strict=True), start=2):
+            index, added, before, again, after = map(int, STEP.match(line).groups())
+            assert (index, added, before, again) == (i, n, total, n) and after == total + n
+            total = after
+        assert last == f"Answer: {total}" and extract_answer(r["steps"]) == r["answer"]
+        assert math_reward(r["steps"], r["answer"]) == 1.0
+        assert math_reward(direct_answer(r["numbers"]), r["answer"]) == 1.0
+
+
+@pytest.mark.parametrize("template,answer", [("chains", worked_steps), ("chains-direct", direct_answer)])
+@pytest.mark.parametrize("length", sorted(CHAIN_LENGTHS))
+def test_the_templates_show_two_examples_as_long_as_the_problem(template, answer, length) -> None:
+    assert template in ALL_TEMPLATES
+    problem = chain_problem(range(1, length + 1))
+    msgs = messages_for(template, problem)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
+    assert msgs[-1]["content"] == problem
+    shown = examples_for(problem)
+    assert [len(c) for c in shown] == [length, length] and len(set(shown)) == 2
+    for (q, a), example in zip(zip(msgs[:-1:2], msgs[1::2]), shown, strict=True):
+        assert q["content"] == chain_problem(example) and a["content"] == answer(example)
+        assert math_reward(a["content"], sum(example)) == 1.0, "the reward reads the examples' own answers as correct"
+        assert extract_answer(a["content"]) == str(sum(example))
+
+
+def test_examples_for_other_problems() -> None:
+    assert examples_for("What is 2 + 2?") == CHAIN_EXAMPLES[2]
+    assert examples_for(chain_problem([1] * 20)) == CHAIN_EXAMPLES[max(CHAIN_EXAMPLES)]
+    assert examples_for("Natalia sold clips to 48 of her friends.") == CHAIN_EXAMPLES[4]
+    assert len(messages_for("chains", "Natalia sold clips to 48 of her friends.")) == 5
+    with pytest.raises(ValueError, match="not a chain problem"):
+        chain_numbers("What is 2 - 1?")
+
+
+def test_prepare_data_keeps_every_chain_and_its_length(tmp_path) -> None:
+    out = tmp_path / "data"
+    report = run_prepare(PrepareConfig(inputs=[str(DATA)], out=str(out), template="chains", val_size=40, quiet=True))
+    train, val = load_prepared(out, "train"), load_prepared(out, "validation")
+    assert (len(train), len(val)) == (sum(CHAIN_LENGTHS.values()) - 40, 40), report
+    assert {r["data_source"] for r in train + val} == {chain_source(k) for k in CHAIN_LENGTHS}
+    assert not {r["extra_info"]["raw_problem"] for r in train} & {r["extra_info"]["raw_problem"] for r in val}
+    for r in val:
+        assert r["prompt"] == messages_for("chains", r["extra_info"]["raw_problem"])
+        assert r["reward_model"]["ground_truth"] == str(sum(chain_numbers(r["extra_info"]["raw_problem"])))
+
+
+def test_a_chain_set_too_large_for_its_numbers_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot draw 82 distinct chains of 2 numbers"):
+        make_chains({2: 82})
+    assert len(make_chains({2: 81}, exclude=())) == 81
