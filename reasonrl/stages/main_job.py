@@ -25,10 +25,12 @@ from reasonrl.stages.options import TrackOpts
 @dataclass
 class MainJobConfig(TrackOpts):
     model: str = opt("default", "Policy: 'default' (embedded SmolLM2-135M-Instruct) or an HF model directory.")
-    data: str = opt("", "Training data file (default: the bundled arithmetic set data/addition.jsonl).")
+    data: str = opt("", "Training data file (default: the bundled addition chains data/chains.jsonl; data/addition.jsonl with --template fewshot is the fastest smoke run).")
+    template: str | None = opt(None, "Override the prepare-data recipe's prompt template (its default: chains).")
     out: str = opt("runs/main", "Directory for every stage's artifacts (data/, critic/, train/, eval_base/, eval_trained/, eval_aime/).")
     recipes: str = opt("", "Folder of the *-cpu.toml stage recipes (default: the repository's stages/).")
     engine: str = opt("auto", "Generation engine for every stage: auto, vllm or hf.")
+    dtype: str = opt("auto", "Compute dtype for every stage: auto (bf16 where the CPU computes it natively, else fp32), bf16 or fp32.")
     steps: int | None = opt(None, "Override the train recipe's step count.")
     value_steps: int | None = opt(None, "Override the pretrain-value recipe's step count.")
     eval_n: int | None = opt(None, "Override samples per held-out problem.")
@@ -82,8 +84,8 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     out = Path(cfg.out)
     claim(out, stage="main-job", inputs=(cfg.model, cfg.data))  # its folder (each stage below claims its own sub-directory)
     recipes = Path(cfg.recipes) if cfg.recipes else recipes_dir()
-    data_file = cfg.data or str(bundled("addition.jsonl"))
-    common = {"model": cfg.model, "engine": cfg.engine, "seed": cfg.seed, "quiet": cfg.quiet, "report_to": cfg.report_to}
+    data_file = cfg.data or str(bundled("chains.jsonl"))
+    common = {"model": cfg.model, "engine": cfg.engine, "dtype": cfg.dtype, "seed": cfg.seed, "quiet": cfg.quiet, "report_to": cfg.report_to}
     timings: dict[str, float] = {}
 
     def phase(name: str) -> None:
@@ -92,7 +94,7 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
 
     phase("1/5 prepare-data")
     prep = _stage_cfg(PrepareConfig, recipes, "prepare-data-cpu.toml", "prepare-data", inputs=[data_file], out=str(out / "data"), overwrite=True, seed=cfg.seed,
-                      quiet=cfg.quiet)
+                      template=cfg.template, quiet=cfg.quiet)
     print_report(run_prepare(prep, console=console), console)
 
     phase("2/5 pretrain-value (VC-PPO)")
