@@ -218,6 +218,8 @@ def _flat(t: dict[str, Any], where: str) -> dict[str, Any]:
 def load_spec(path: str) -> dict[str, Any]:
     """A spec file's keys (checked): base, critic_base, seeds, steps, val_every, train, critic, rung."""
     p = Path(path)
+    if not p.is_file():
+        raise ReasonRLError(f"spec {p} not found: pass an existing TOML file to --spec (docs/ablations.md)")
     raw = load_recipe(p)
     known = {"base", "critic_base", "seeds", "steps", "val_every", "train", "critic", "rung"}
     unknown = sorted(set(raw) - known)
