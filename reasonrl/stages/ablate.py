@@ -133,9 +133,10 @@ class AblateConfig(ProgressOpts):
             self.out = self.collect
 
 
-def _check_key(key: str, where: str) -> None:
+def _check_key(key: str, where: str, own: tuple[str, ...] = ()) -> None:
+    """A key the driver sets itself (``own``: those the table may set) is a one-line error."""
     k = key.replace("-", "_")
-    if k in DRIVER_KEYS:
+    if k in DRIVER_KEYS and k not in own:
         raise ReasonRLError(f"{where} {key}: ablate sets '{k}' itself ({DRIVER_KEYS[k]})")
 
 
@@ -202,7 +203,7 @@ def _rung(t: Any, i: int) -> Rung:
     return Rung(name, _flat(t, f"spec: rung {name}:"), pre)
 
 
-def _flat(t: dict[str, Any], where: str) -> dict[str, Any]:
+def _flat(t: dict[str, Any], where: str, own: tuple[str, ...] = ()) -> dict[str, Any]:
     """A table of train overrides, its sub-tables ([algo] …) as dotted keys (algo.eps_high)."""
     out: dict[str, Any] = {}
     for k, v in t.items():
@@ -211,7 +212,7 @@ def _flat(t: dict[str, Any], where: str) -> dict[str, Any]:
         else:
             out[k] = v
     for k in out:
-        _check_key(k, where)
+        _check_key(k, where, own)
     return out
 
 
@@ -242,7 +243,7 @@ def load_spec(path: str) -> dict[str, Any]:
         if k in raw and (not isinstance(raw[k], int) or isinstance(raw[k], bool) or raw[k] < 1):
             raise ReasonRLError(f"spec {p}: {k} must be an integer >= 1")
     return {**raw, "seeds": seeds, "rung": [_rung(t, i) for i, t in enumerate(rungs)], "near": p.resolve().parent,
-            "train": _flat(raw.get("train", {}), f"spec {p}: [train]"), "critic": _flat(raw.get("critic", {}), f"spec {p}: [critic]")}
+            "train": _flat(raw.get("train", {}), f"spec {p}: [train]"), "critic": _flat(raw.get("critic", {}), f"spec {p}: [critic]", own=("steps",))}
 
 
 def make_plan(cfg: AblateConfig) -> Plan:

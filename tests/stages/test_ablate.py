@@ -252,3 +252,23 @@ def test_a_failed_run_is_reported_and_the_others_run(format_model, prepared, tmp
     assert grpo["runs"]["0"]["status"] == "finished" and grpo["seeds_finished"] == [0] and "vs_previous" not in grpo
     assert doc["failed"] == ["broken/seed-0"] and not doc["complete"] and not (out / "manifest.json").exists()
     assert "failed" in r.stdout  # (the table's seeds column)
+
+
+def test_a_spec_plans_its_rungs_and_critics(tmp_path):
+    """Flat or quoted dotted ("algo.eps_high") --algo fields, [train] for every run (the CLI's --set after it), [critic] for
+    the critics (their own steps), a rung with the pretrained critic."""
+    (tmp_path / "s.toml").write_text('base = "train-dapo-cpu.toml"\nseeds = [3, 5]\n[train]\nlr = 2e-5\n[critic]\nsteps = 4\n'
+                                     '[[rung]]\nname = "flat"\nalgo = "grpo"\neps_high = 0.3\n'
+                                     '[[rung]]\nname = "dotted"\nalgo = "grpo"\n"algo.eps_high" = 0.3\n'
+                                     '[[rung]]\nname = "vc"\nalgo = "vcppo"\npretrained_critic = true\n')
+    cfg = AblateConfig(spec=str(tmp_path / "s.toml"), out=str(tmp_path / "abl"), sets=["lr=3e-5", "engine=hf"])
+    plan = make_plan(cfg)
+    assert plan.seeds == [3, 5] and plan.sets == {"lr": "3e-5", "engine": "hf"}
+    flat, dotted, vc = (train_config(plan, r, 3, tmp_path / "abl") for r in plan.rungs)
+    assert flat.algo_spec() == dotted.algo_spec() and flat.algo_spec().eps_high == 0.3 and flat.lr == 3e-5 and flat.engine == "hf"
+    assert vc.critic == str(tmp_path / "abl" / "_critic" / "seed-3") and vc.seed == 3
+    jobs = make_jobs(plan, tmp_path / "abl")
+    critic = jobs[0]
+    assert critic.stage == "pretrain-value" and critic.seed == 3 and "steps=4" in critic.argv and "engine=hf" in critic.argv
+    assert not any(a.startswith("lr=") for a in critic.argv)  # (pretrain-value has critic_lr, not lr)
+    assert [j.label for j in jobs if j.needs is critic] == ["vc/seed-3"]
