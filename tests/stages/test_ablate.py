@@ -239,17 +239,25 @@ def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_failed_run_is_reported_and_the_others_run(format_model, prepared, tmp_path):
-    rungs = '[[rung]]\nname = "broken"\nalgo = "ppo"\ncritic = "/nonexistent/critic"\n[[rung]]\nname = "grpo"\n'
+    """A rung whose runs fail (a critic that is not there), and one on the seed's pretrained critic
+    (a pretrain-value run made first): the failure is named, the other rung runs."""
+    rungs = ('[[rung]]\nname = "broken"\nalgo = "ppo"\ncritic = "/nonexistent/critic"\n'
+             '[[rung]]\nname = "vc"\nalgo = "vcppo"\npretrained_critic = true\n')
     spec = _spec(tmp_path, format_model, prepared, rungs, steps=1)
-    spec.write_text(spec.read_text().replace("seeds = 2", "seeds = [0]"))
+    (tmp_path / "critic.toml").write_text(f'model = "{format_model}"\ndata = "{prepared}"\nengine = "hf"\ndtype = "fp32"\nsteps = 1\n'
+                                          'prompts_per_step = 2\ngroup_size = 2\nmax_response_len = 8\nmini_batch_size = 4\nmicro_batch_size = 2\n'
+                                          'eval_prompts = 2\nreport_to = ["none"]\n')
+    spec.write_text(spec.read_text().replace("seeds = 2", 'seeds = [0]\ncritic_base = "critic.toml"'))
     out = tmp_path / "abl"
-    r = subprocess.run(_ablate("--spec", spec, "--out", out), env=_env(), capture_output=True, text=True, timeout=500)
+    r = subprocess.run(_ablate("--spec", spec, "--out", out, "--jobs", "2"), env=_env(), capture_output=True, text=True, timeout=500)
     assert r.returncode == 1, r.stderr[-3000:]
     assert r.stderr.strip().splitlines()[-1].startswith("error: 1 run(s) failed: broken/seed-0"), r.stderr[-2000:]
     doc = json.loads((out / "ablation.json").read_text())
-    broken, grpo = doc["rungs"]
+    broken, vc = doc["rungs"]
     assert broken["runs"]["0"]["status"] == "failed" and "critic /nonexistent/critic not found" in broken["runs"]["0"]["error"]
-    assert grpo["runs"]["0"]["status"] == "finished" and grpo["seeds_finished"] == [0] and "vs_previous" not in grpo
+    assert vc["runs"]["0"]["status"] == "finished" and vc["seeds_finished"] == [0] and "vs_previous" not in vc
+    assert doc["critics"]["_critic/seed-0"]["status"] == "done" and (out / "_critic" / "seed-0" / "manifest.json").is_file()
+    assert json.loads((out / "vc" / "seed-0" / "config.json").read_text())["critic"] == str(out / "_critic" / "seed-0")
     assert doc["failed"] == ["broken/seed-0"] and not doc["complete"] and not (out / "manifest.json").exists()
     assert "failed" in r.stdout  # (the table's seeds column)
 
