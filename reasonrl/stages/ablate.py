@@ -281,6 +281,8 @@ def make_plan(cfg: AblateConfig) -> Plan:
         plan.critic_sets.update({k: _fmt(v) for k, v in spec["critic"].items()})
         critic_config(plan, plan.seeds[0], Path(cfg.out))
     first = train_config(plan, rungs[0], plan.seeds[0], Path(cfg.out), steps=cfg.steps or spec.get("steps"), val_every=None)
+    if not Path(first.data).exists():
+        raise ReasonRLError(f"--set data: {first.data} not found (the base recipe's or --set data): pass --set data=DIR, a `reasonrl prepare-data` directory")
     plan.steps = first.steps
     plan.val_every = cfg.val_every or spec.get("val_every") or first.val_every or first.steps
     for r in rungs:

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _specs(preset: str, out: Path) -> dict[str, tuple[object, object]]:
     """Each rung's (train config, resolved AlgoSpec) for seed 0, as its subprocess builds it."""
-    plan = make_plan(AblateConfig(preset=preset, seeds=2, out=str(out)))
+    (out / "data").mkdir(exist_ok=True)
+    plan = make_plan(AblateConfig(preset=preset, seeds=2, out=str(out), sets=[f"data={out / 'data'}"]))
     return {r.name: (c := train_config(plan, r, 0, out), c.algo_spec()) for r in plan.rungs}
 
 
@@ -63,11 +64,17 @@ def test_vcppo_and_lambda_presets(tmp_path):
     assert [s.lam_actor for _, s in lam.values()] == [0.9, 0.95, 0.99, 1.0]
     assert all(s.lam_critic == 1.0 and s.pretrained_critic_required and c.critic == critic for c, s in lam.values())
     # the critics run first, one per seed (pretrain-value: λ = 1 targets from the fixed policy), each rung's runs after theirs
-    jobs = make_jobs(make_plan(AblateConfig(preset="lambda", seeds=2, out=str(tmp_path))), tmp_path)
+    jobs = make_jobs(make_plan(AblateConfig(preset="lambda", seeds=2, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}"])), tmp_path)
     assert [j.label for j in jobs[:2]] == ["_critic/seed-0", "_critic/seed-1"] and all(j.stage == "pretrain-value" for j in jobs[:2])
     assert all(j.needs is jobs[j.seed] and "--critic" in j.argv and "--seed" in j.argv for j in jobs[2:])
     assert len({j.line() for j in jobs}) == len(jobs) == 2 + 4 * 2
     assert PRESETS["dapo"].base == "train-dapo-cpu.toml" and PRESETS["vcppo"].base == "train-vcppo-cpu.toml"
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    (tmp_path / "data").mkdir()
+    return tmp_path / "data"
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -81,11 +88,13 @@ def test_vcppo_and_lambda_presets(tmp_path):
     (["--preset", "dapo", "--set", "lr"], ["key=value"]),
     (["--preset", "dapo", "--jobs", "0"], ["jobs must be >= 1"]),
     (["--spec", "missing.toml"], ["spec missing.toml not found", "--spec"]),
+    (["--preset", "dapo", "--set", "data=no/such/dir"], ["no/such/dir not found", "--set data="]),
 ])
-def test_bad_input_is_one_line_before_anything_runs(args, needles, tmp_path, monkeypatch):
+def test_bad_input_is_one_line_before_anything_runs(args, needles, tmp_path, monkeypatch, data_dir):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "abl"
-    assert_user_error(run_cli("ablate", *args, "--out", out), *needles)
+    data = [] if "--set" in args and any(a.startswith("data=") for a in args) or "--preset" not in args else ["--set", f"data={data_dir}"]
+    assert_user_error(run_cli("ablate", *args, *data, "--out", out), *needles)
     assert not out.exists()
 
 
@@ -104,7 +113,8 @@ def test_bad_input_is_one_line_before_anything_runs(args, needles, tmp_path, mon
 ])
 def test_a_bad_spec_is_one_line(spec, needles, tmp_path):
     (tmp_path / "s.toml").write_text(spec)
-    assert_user_error(run_cli("ablate", "--spec", tmp_path / "s.toml", "--out", tmp_path / "abl"), *needles)
+    (tmp_path / "data").mkdir()
+    assert_user_error(run_cli("ablate", "--spec", tmp_path / "s.toml", "--set", f"data={tmp_path / 'data'}", "--out", tmp_path / "abl"), *needles)
     assert not (tmp_path / "abl").exists()
 
 
@@ -269,9 +279,10 @@ def test_a_spec_plans_its_rungs_and_critics(tmp_path):
                                      '[[rung]]\nname = "flat"\nalgo = "grpo"\neps_high = 0.3\n'
                                      '[[rung]]\nname = "dotted"\nalgo = "grpo"\n"algo.eps_high" = 0.3\n'
                                      '[[rung]]\nname = "vc"\nalgo = "vcppo"\npretrained_critic = true\n')
-    cfg = AblateConfig(spec=str(tmp_path / "s.toml"), out=str(tmp_path / "abl"), sets=["lr=3e-5", "engine=hf"])
+    (tmp_path / "data").mkdir()
+    cfg = AblateConfig(spec=str(tmp_path / "s.toml"), out=str(tmp_path / "abl"), sets=["lr=3e-5", "engine=hf", f"data={tmp_path / 'data'}"])
     plan = make_plan(cfg)
-    assert plan.seeds == [3, 5] and plan.sets == {"lr": "3e-5", "engine": "hf"}
+    assert plan.seeds == [3, 5] and plan.sets == {"lr": "3e-5", "engine": "hf", "data": str(tmp_path / "data")}
     flat, dotted, vc = (train_config(plan, r, 3, tmp_path / "abl") for r in plan.rungs)
     assert flat.algo_spec() == dotted.algo_spec() and flat.algo_spec().eps_high == 0.3 and flat.lr == 3e-5 and flat.engine == "hf"
     assert vc.critic == str(tmp_path / "abl" / "_critic" / "seed-3") and vc.seed == 3
