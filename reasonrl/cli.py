@@ -41,8 +41,11 @@ def _option_type(tp: Any) -> Any:
 
 
 def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any], Any], *, help: str, stage: str | None = None,
-                  arguments: tuple[str, ...] = (), fixed: dict[str, Any] | None = None) -> None:
-    """Register ``name`` on ``target``: options from ``cls``'s fields, then ``run(config)``."""
+                  arguments: tuple[str, ...] = (), fixed: dict[str, Any] | None = None, sets_field: str | None = None) -> None:
+    """Register ``name`` on ``target``: options from ``cls``'s fields, then ``run(config)``.
+
+    ``sets_field``: the ``--set key=value`` items are not this command's keys but go, as a list, to
+    that field (a driver over other stages: `ablate`'s train overrides)."""
     fixed = fixed or {}
     params = []
 
@@ -65,7 +68,7 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
         default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
         return f"[default: {default}]"
 
-    add_options(cls, set(), own_default, None)
+    add_options(cls, {sets_field} if sets_field else set(), own_default, None)
     for sec in sections(cls):
         # One option per field of the section's class (e.g. AlgoSpec: --eps-high, --loss-agg, ...).
         table = sec.metadata["table"]
@@ -73,8 +76,9 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
                     f"{table} row overrides")
     params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                     default=typer.Option(None, "--config", "-c", help="TOML recipe (see stages/); its keys are this command's options.")))
+    set_help = next((f.metadata.get("help", "") for f in dataclasses.fields(cls) if f.name == sets_field), "") if sets_field else ""
     params.append(inspect.Parameter("set_", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[List[str]],
-                                    default=typer.Option(None, "--set", help="Override a recipe key: --set key=value (repeatable).")))
+                                    default=typer.Option(None, "--set", help=set_help or "Override a recipe key: --set key=value (repeatable).")))
     params.append(inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                                     default=typer.Option(False, console.VERBOSE_FLAG, help=console.VERBOSE_HELP)))
 
@@ -89,6 +93,8 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
             stages = sorted({c.name for c in app.registered_commands if c.name and not c.hidden} | {"eval"})
             recipe = recipe_layer(load_recipe(recipe_path), stage or name, cls, stages)
             explicit = {k: v for k, v in kwargs.items() if v is not None and v != []}
+            if sets_field:  # (the items are checked by the config: they are another stage's keys)
+                explicit[sets_field], sets = list(sets or []), None
             cfg = build_config(cls, recipe, parse_sets(sets), explicit, fixed)
             run(cfg)
 
@@ -133,6 +139,7 @@ class _user_errors:
 
 def _register() -> None:
     from reasonrl.evaluation.sets import EVAL_SETS
+    from reasonrl.stages.ablate import AblateConfig, run_ablate
     from reasonrl.stages.eval import EvalConfig, run_eval
     from reasonrl.stages.main_job import MainJobConfig, run_main_job
     from reasonrl.stages.prepare_data import PrepareConfig, print_report, run_prepare
@@ -162,6 +169,9 @@ def _register() -> None:
                   help="Evaluate on any dataset file (jsonl/json/parquet with problem + integer answer, or a prepare-data directory): --dataset PATH.")
     stage_command(app, "report", ReportConfig, run_report, arguments=("runs",),
                   help="Draw the runs' curves (reward, entropy, lengths, clipping, value bias, eval CIs, time split) as PNGs and one self-contained report.html.")
+    stage_command(app, "ablate", AblateConfig, run_ablate, sets_field="sets",
+                  help="The papers' ablation tables: every rung × seed a normal `train` run (validation on), skipped when finished and resumed "
+                       "when crashed; --dry-run prints the commands, --collect DIR builds the table (ablation.json).")
     stage_command(app, "main-job", MainJobConfig, run_main_job,
                   help="The embedded demo: prepare-data → pretrain-value → train --algo dapo → eval, on SmolLM2-135M-Instruct and bundled arithmetic.")
 

@@ -146,12 +146,13 @@ def test_documented_command_parses(where: str, args: list[str]) -> None:
     error) and then prints the help instead of running the stage."""
     head = args[:2] if args[0] == "eval" else args[:1]
     rest: list[str] = []
+    train: list[str] = []  # `ablate --set key=value`: a train key (checked by `train --help`)
     i = len(head)
     while i < len(args):
         a, nxt = args[i], (args[i + 1] if i + 1 < len(args) else "")
         if a == "--set" and "=" in nxt:
             key, value = nxt.split("=", 1)
-            rest += ["--" + key.split(".")[-1].replace("_", "-"), value]  # algo.eps_high=0.3 -> --eps-high 0.3
+            (train if head == ["ablate"] else rest).extend(["--" + key.split(".")[-1].replace("_", "-"), value])  # algo.eps_high=0.3 -> --eps-high 0.3
             i += 2
             continue
         if a in ("--config", "-c"):
@@ -160,3 +161,6 @@ def test_documented_command_parses(where: str, args: list[str]) -> None:
         i += 1
     result = run_cli(*head, "--help", *rest)
     assert result.exit_code == 0 and "No such" not in result.output, f"{where}\n{result.output}"
+    if train:
+        result = run_cli("train", "--help", *train)
+        assert result.exit_code == 0 and "No such" not in result.output, f"{where}\n{result.output}"

@@ -229,6 +229,50 @@ def draw_validation(runs: list[Run], smooth: int) -> Drawn:
     return out
 
 
+@figure("ablation", "Ablation: the rungs overlaid")
+def draw_ablation(runs: list[Run], smooth: int) -> Drawn:
+    """``reasonrl ablate``: one colour per rung, its mean over seeds at each step (the steps every
+    seed of the rung logged), the band from the lowest to the highest seed; left: held-out avg@n
+    (validation during training), right: the policy's entropy (DAPO fig. 2)."""
+    out = Drawn()
+    groups: dict[str, list[Run]] = {}
+    for r in train_runs(runs):
+        if r.rung:
+            groups.setdefault(r.rung, []).append(r)
+    if not groups:
+        out.notes.append("no ablation among these runs (reasonrl ablate)")
+        return out
+    from matplotlib import colormaps
+
+    fig, axes = _figure(2)
+    drawn = [False, False]
+    for i, (ax, title, ylabel) in enumerate(((axes[0], "validation accuracy", "held-out avg@n (band: lowest … highest seed)"),
+                                             (axes[1], "policy entropy", "entropy (nats / token)"))):
+        for g, (rung, members) in enumerate(groups.items()):
+            key = _val_key(members[0]) if i == 0 else "actor/entropy"
+            if key is None:
+                out.notes.append(f"{rung}: no validation (train --val-every)")
+                continue
+            per = [dict((x, y) for x, y in zip(*m.series(key)) if math.isfinite(y)) for m in members]
+            steps = sorted(set.intersection(*(set(d) for d in per)))
+            if not steps:
+                out.notes.append(f"{rung}: no step where every seed logged {key}")
+                continue
+            c = colormaps["tab10"](g % 10)
+            ys = [[d[x] for d in per] for x in steps]
+            ax.plot(steps, [sum(v) / len(v) for v in ys], "-", color=c, marker="o" if len(steps) < 40 else None, markersize=3,
+                    label=f"{rung} ({len(members)} seed{'s' if len(members) > 1 else ''})")
+            if len(members) > 1:
+                ax.fill_between(steps, [min(v) for v in ys], [max(v) for v in ys], color=c, alpha=0.18, linewidth=0)
+            drawn[i] = True
+        _axes(ax, ylabel, title)
+    for ax, d in zip(axes, drawn):
+        if any(drawn) and not d:
+            empty_panel(ax)
+    out.fig = fig if any(drawn) else None
+    return out
+
+
 @figure("entropy", "Policy entropy")
 def draw_entropy(runs: list[Run], smooth: int) -> Drawn:
     """Token-mean entropy of the policy on the trained batch. DAPO fig. 2: without clip-higher

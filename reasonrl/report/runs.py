@@ -87,6 +87,7 @@ class Run:
     path: Path
     stage: str  # train | pretrain-value | eval
     label: str = ""
+    rung: str = ""  # the ablation rung (``reasonrl ablate``'s out/<rung>/seed-<k>/), else ""
     metrics: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, one dict per step, each with an int "step"
     config: dict[str, Any] = field(default_factory=dict)
     bias: dict[str, Any] | None = None  # pretrain-value's bias.json
@@ -270,10 +271,27 @@ def read_run(d: Path, stage: str, complete: bool, corrupt: str | None = None) ->
     return run
 
 
+def ablation_children(p: Path) -> list[tuple[Path, str]] | None:
+    """The run directories of an ablation (``reasonrl ablate``: a ``plan.json``): each rung's
+    ``<rung>/seed-<k>/`` in the plan's order, then the critics; each with its rung's name ("" for
+    the critics). None when ``p`` is not an ablation."""
+    plan, why = load_json(p / "plan.json") if (p / "plan.json").is_file() else (None, "none")
+    if why is not None or not isinstance(plan, dict) or not isinstance(plan.get("rungs"), list):
+        return None
+    names = [r["name"] for r in plan["rungs"] if isinstance(r, dict) and isinstance(r.get("name"), str)]
+
+    def seeds(d: Path) -> list[Path]:
+        found = [c for c in d.glob("seed-*") if c.is_dir() and c.name[5:].isdigit()] if d.is_dir() else []
+        return sorted(found, key=lambda c: int(c.name[5:]))
+
+    return [(c, n) for n in names for c in seeds(p / n)] + [(c, "") for c in seeds(p / "_critic")]
+
+
 def collect_runs(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
     """Runs under ``paths`` (in order; a folder of runs expands to its runs, sorted), labelled by
     their path relative to the common parent; plus notes on what was passed over."""
     found: list[tuple[Path, str, bool, str | None]] = []
+    rungs: dict[Path, str] = {}  # an ablation's run → its rung
     skipped: list[str] = []
     corrupt_only = 0  # run directories passed over because their manifest cannot be read
 
@@ -284,6 +302,16 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
         if not p.is_dir():
             raise ReasonRLError(f"{p} is not a run directory: pass directories written by train, pretrain-value, eval or main-job")
         stage, complete, corrupt = _stage_of(p)
+        ablation = ablation_children(p) if stage in (None, "ablate") else None
+        if ablation is not None:  # an ablation: its runs, each tagged with its rung
+            for c, rung in ablation:
+                st, done, bad = _stage_of(c)
+                if st in PLOTTED_STAGES:
+                    found.append((c, st, done, bad))
+                    rungs[c] = rung
+            if not ablation:
+                skipped.append(f"{p} (ablate): no run has started yet")
+            continue
         if stage is not None:
             (found.append((p, stage, complete, corrupt)) if stage in PLOTTED_STAGES else skipped.append(f"{p} ({stage}): nothing to plot"))
             continue
@@ -305,6 +333,8 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
                             + (f" ({'; '.join(skipped)})" if skipped else "")
                             + (": rerun the stage that wrote it, or pass other runs" if corrupt_only else ": run one of those stages first"))
     runs = [read_run(*f) for f in found]
+    for r in runs:
+        r.rung = rungs.get(r.path, "")
     resolved = [r.path.resolve() for r in runs]
     base = Path(*resolved[0].parts[: _common(resolved)]) if len(resolved) > 1 else resolved[0].parent
     for r, rp in zip(runs, resolved):

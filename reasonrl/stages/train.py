@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from reasonrl import algos as A
-from reasonrl.artifacts import last_record, read_manifest, write_json, write_manifest
+from reasonrl.artifacts import append_jsonl, last_record, read_manifest, write_json, write_manifest
 from reasonrl.config import check, opt, section, to_dict
 from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
@@ -37,7 +37,7 @@ from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackO
 @dataclass
 class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
-    out: str = opt("runs/train", "Run directory: metrics.jsonl, checkpoints/, policy/ (final HF model), manifest.json.")
+    out: str = opt("runs/train", "Run directory: metrics.jsonl, validation.jsonl (with --val-every), checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in docs/algorithms.md).")
     algo_overrides: dict = section(A.AlgoSpec, "Fields of the --algo row to change for this run (--eps-high 0.3, [algo] table, --set algo.eps_high=0.3).",
                                    table="algo", name_field="algo")
@@ -310,10 +310,12 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     progress.phase = "steps"
     stop.install(ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts.StepStop)
 
-    def validate(step: int, m: dict[str, Any]) -> None:
-        """Validation at ``step`` (its metrics into ``m``), the best policy kept in out/best/."""
+    def validate(step: int, m: dict[str, Any]) -> dict[str, Any]:
+        """Validation at ``step`` (its metrics into ``m``), the best policy kept in out/best/;
+        returns the per-problem record (rank 0), for validation.jsonl."""
         display.status(f"step {step}: validate on {len(val_rows)} problems × {cfg.val_n}")
-        m.update(validator.run(engine, step))
+        scalars, per_problem = validator.run(engine, step)
+        m.update(scalars)
         if best is not None:
             new_best = ranks.max(torch.tensor([float(rank == 0 and best.update(m, step))])).item() > 0
             if rank != 0:  # (the other ranks keep the count too: every rank stops at the same step)
@@ -321,14 +323,22 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             if new_best:
                 display.status(f"step {step}: save best policy")
                 save_best(out, best, step, policy_backend=policy_backend, tokenizer=tok, rank=rank)
+        return per_problem
+
+    def log_validation(step: int, per_problem: dict[str, Any]) -> None:
+        """validation.jsonl: the step's per-problem values, written right after its metrics.jsonl
+        line (a resume cuts both back to the checkpoint's step)."""
+        if per_problem:
+            append_jsonl(out / "validation.jsonl", {"step": step, **per_problem})
 
     try:
         display.start()
         if validator is not None and start == 0:
             m0: dict[str, Any] = {"step": 0}
-            validate(0, m0)  # the policy before any update
+            per_problem = validate(0, m0)  # the policy before any update
             if rank == 0:
                 runlog.append(m0)
+                log_validation(0, per_problem)
                 display.print(val_line(0, m0, cfg.val_n))
         for step in range(start + 1, cfg.steps + 1):
             if best is not None and best.stop:
@@ -352,13 +362,15 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             m = res.metrics
             bad_steps = bad_steps + 1 if res.bad_step else 0
             last = step
+            per_problem = {}
             if validator is not None and (step % cfg.val_every == 0 or step == cfg.steps):
-                validate(step, m)
+                per_problem = validate(step, m)
             early = best is not None and best.stop  # (--early-stop-patience)
             history.append(m)
             bar.advance()
             if rank == 0:
                 runlog.append(m)  # metrics.jsonl, then the trackers
+                log_validation(step, per_problem)
                 if res.short_batch:
                     done = "update skipped" if res.skipped_update else "trained on them"
                     display.print(f"[yellow]step {step}: dynamic sampling kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
@@ -412,7 +424,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 summary["early_stopped"] = best.stop
             write_json(out / "summary.json", summary)
             write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},
-                           extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", "checkpoints/", "summary.json",
+                           extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
+                                                                                "checkpoints/", "summary.json",
                                                                                 *(["best/"] if best is not None and best.step is not None else [])]})
     if world > 1:
         torch.distributed.barrier()

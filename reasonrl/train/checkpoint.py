@@ -28,7 +28,8 @@ from reasonrl.rundir import RunDir, claim, write_failure
 from reasonrl.tracking.base import TRACKER_OUTPUTS
 
 #: What `reasonrl train` writes in its run directory (all an --overwrite may delete).
-RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "best", ".best.tmp", "metrics.jsonl", "summary.json", "config.json", *TRACKER_OUTPUTS, MANIFEST)
+RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "best", ".best.tmp", "metrics.jsonl", "validation.jsonl", "summary.json", "config.json",
+               *TRACKER_OUTPUTS, MANIFEST)
 #: Config keys a --resume may change: they do not change what the run computes (``out``: a run
 #: directory may be moved).
 RESUMABLE_CHANGES = {"out", "steps", "save_every", "log_every", "keep_last", "resume", "overwrite", "report_to", "quiet", "max_bad_steps",
@@ -119,19 +120,20 @@ def _norm(v: Any) -> Any:
 
 
 def _cut_back(out: Path, step: int) -> None:
-    """Forget what happened after checkpoint ``step``: later metrics lines, rollouts, partial checkpoints."""
-    metrics = out / "metrics.jsonl"
-    if metrics.is_file():
+    """Forget what happened after checkpoint ``step``: later metrics and validation lines, rollouts, partial checkpoints."""
+    for log in (out / "metrics.jsonl", out / "validation.jsonl"):
+        if not log.is_file():
+            continue
         keep = []
-        for line in metrics.read_text(encoding="utf-8").splitlines():
+        for line in log.read_text(encoding="utf-8").splitlines():
             try:
                 if line.strip() and int(json.loads(line)["step"]) <= step:
                     keep.append(line)
             except (ValueError, KeyError, TypeError):
                 break  # a torn last line
-        tmp = metrics.with_name(metrics.name + ".tmp")
+        tmp = log.with_name(log.name + ".tmp")
         tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
-        os.replace(tmp, metrics)
+        os.replace(tmp, log)
     for p in (out / "rollouts").glob("step_*.parquet") if (out / "rollouts").is_dir() else []:
         m = re.match(r"step_(\d+)\.parquet$", p.name)
         if m and int(m.group(1)) > step:

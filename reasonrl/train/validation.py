@@ -4,7 +4,9 @@ At step 0 (before any update), every N steps and at the last step, the engine (i
 at the end of the step) samples ``n`` responses for each validation problem at the evaluation
 setting (DAPO's AIME setting: temperature 1.0, top_p 0.7), the reward scores them, and avg@n,
 pass@k and maj@n with percentile-bootstrap intervals over the problems (overall and per data
-source, as ``reasonrl eval`` computes them) join the step's metrics as ``val/...``.
+source, as ``reasonrl eval`` computes them) join the step's metrics as ``val/...``; each problem's
+values (with the problem's ``where`` and data source) go to the run's ``validation.jsonl``, one line
+per validation, for comparisons paired by problem (``reasonrl ablate``).
 
 Validation samples with its own seeds, derived from (seed, step, problem): it never draws from the
 training's random streams (the engines' per-request generators leave torch's global RNG alone), so
@@ -49,9 +51,10 @@ class Validator:
         """Problem p's sampling seed at ``step`` (sample j uses seed + j)."""
         return [mix(self.seed, _VAL_STREAM, step, p) % (2**62 - self.n) for p in range(len(self.rows))]
 
-    def run(self, engine: Any, step: int) -> dict[str, float]:
-        """Sample, score and summarise; returns the ``val/...`` scalars (rank 0; the other ranks
-        return {}) and ``perf/val_s``."""
+    def run(self, engine: Any, step: int) -> tuple[dict[str, float], dict[str, Any]]:
+        """Sample, score and summarise; returns the ``val/...`` scalars and ``perf/val_s``, and the
+        per-problem record ``{"where": [...], "source": [...], "avg@n": [...], "pass@1": [...], ...}``
+        (each list in problem order; rank 0; the other ranks return ({}, {}))."""
         from reasonrl.engines.base import SamplingParams
         from reasonrl.evaluation.scores import flat_metrics, metrics_by_source, per_problem_values
         from reasonrl.rewards import ScoreStats
@@ -69,10 +72,11 @@ class Validator:
                 for g in groups]
         shares = self.ranks.gather((kept, st.skipped_long_prompts))
         if self.ranks.rank != 0:
-            return {}
+            return {}, {}
         problems = sorted((p for share, _ in shares for p in share), key=lambda x: x[0])
         skipped = sum(k for _, k in shares)
         out: dict[str, float] = {"val/problems": float(len(problems)), "val/skipped_long_prompts": float(skipped)}
+        record: dict[str, Any] = {}
         if problems:
             correct = [[c for c, *_ in samples] for _, samples, _, _ in problems]
             answers = [[a for _, a, *_ in samples] for _, samples, _, _ in problems]
@@ -82,12 +86,14 @@ class Validator:
             values = per_problem_values(correct, answers, truths, ks=sorted({*self.ks, self.n}), equal=equal)
             metrics, by_source = metrics_by_source(values, [src for *_, src in problems], n_boot=self.n_boot, seed=mix(self.seed, _VAL_STREAM, step))
             out.update(flat_metrics(metrics, by_source if len(by_source) > 1 else None))
+            record = {"where": [(self.rows[p].get("extra_info") or {}).get("where", f"problem {p}") for p, *_ in problems],
+                      "source": [src for *_, src in problems], **values}
             flat = [x for _, samples, _, _ in problems for x in samples]
             out["val/response_length_mean"] = sum(x[2] for x in flat) / len(flat)
             out["val/truncated_frac"] = sum(bool(x[3]) for x in flat) / len(flat)
             out["val/no_answer_frac"] = sum(x[1] is None for x in flat) / len(flat)
         out["perf/val_s"] = time.perf_counter() - t0
-        return out
+        return out, record
 
 
 def improved(value: float, best: float | None, metric: str) -> bool:

@@ -21,6 +21,10 @@ def _lines(out: Path) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
 
 
+def _val_lines(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "validation.jsonl").read_text().splitlines() if ln.strip()]
+
+
 def _weights(d: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -89,6 +93,13 @@ def test_validation_at_step_0_every_n_and_at_the_last_step(val_run):
     assert (out / "best" / "model.safetensors").is_file() and (out / "best" / "tokenizer.json").is_file()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best"]["step"] == best["step"] and summary["early_stopped"] is False
+    # validation.jsonl: one line per validation, each problem's values (in the same problem order), their mean the scalar
+    per = _val_lines(out)
+    assert [v["step"] for v in per] == [0, 2, 3]
+    assert all(v["where"] == per[0]["where"] and len(set(v["where"])) == 4 and len(v["source"]) == 4 for v in per)
+    for v in per:
+        assert sum(v["avg@2"]) / 4 == pytest.approx(vals[v["step"]]) and len(v["pass@1"]) == len(v["maj@2"]) == 4
+    assert "validation.jsonl" in json.loads((out / "manifest.json").read_text())["outputs"]
 
 
 def test_validation_does_not_change_the_training(plain_run, val_run):
@@ -115,6 +126,7 @@ def test_a_resumed_run_validates_as_the_uninterrupted_one(val_run, format_model,
     assert r.exit_code == 0, r.output
     keep = lambda ms: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in ms]  # noqa: E731
     assert keep(_lines(out)) == keep(_lines(full))
+    assert _val_lines(out) == _val_lines(full)  # cut back to step 1, then steps 2 and 3 once each
     assert json.loads((out / "best" / "best.json").read_text()) == json.loads((full / "best" / "best.json").read_text())
     assert _same_weights(out / "policy", full / "policy")
 

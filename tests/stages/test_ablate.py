@@ -1,0 +1,293 @@
+"""`reasonrl ablate`: the presets' rungs, bad input, and a 2-rung × 2-seed ablation of real `train`
+runs on the tiny model (a SIGKILLed driver rerun to the end, --dry-run, --collect, the report)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clihelp import assert_user_error, run_cli
+from reasonrl.algos import ALGOS
+from reasonrl.stages.ablate import PRESETS, AblateConfig, make_jobs, make_plan, train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------ presets (no runs)
+
+
+def _specs(preset: str, out: Path) -> dict[str, tuple[object, object]]:
+    """Each rung's (train config, resolved AlgoSpec) for seed 0, as its subprocess builds it."""
+    (out / "data").mkdir(exist_ok=True)
+    plan = make_plan(AblateConfig(preset=preset, seeds=2, out=str(out), sets=[f"data={out / 'data'}"]))
+    return {r.name: (c := train_config(plan, r, 0, out), c.algo_spec()) for r in plan.rungs}
+
+
+def _fields(spec: object) -> dict:
+    return {k: v for k, v in dataclasses.asdict(spec).items() if k != "name"}
+
+
+def test_dapo_preset_is_the_papers_ladder(tmp_path):
+    rungs = _specs("dapo", tmp_path)
+    assert list(rungs) == ["grpo", "overlong-filter", "clip-higher", "soft-overlong", "token-mean", "dynamic-sampling"]
+    grpo = rungs["grpo"][1]
+    assert _fields(grpo) == _fields(ALGOS["grpo"])  # naive GRPO: clip 0.2 / 0.2, seq-mean-token-mean, no filtering, shaping or dynamic sampling
+    assert (grpo.eps_low, grpo.eps_high, grpo.loss_agg) == (0.2, 0.2, "seq-mean-token-mean")
+    assert not (grpo.overlong_filter or grpo.overlong_penalty or grpo.dynamic_sampling)
+    added = [("overlong_filter", True), ("eps_high", 0.28), ("overlong_penalty", True), ("loss_agg", "token-mean"), ("dynamic_sampling", True)]
+    specs = [s for _, s in rungs.values()]
+    for i, (k, v) in enumerate(added, 1):  # each rung: the one before plus one technique, in the paper's order
+        before, now = _fields(specs[i - 1]), _fields(specs[i])
+        assert now[k] == v and {f for f in now if now[f] != before[f]} == {k}
+    assert _fields(specs[-1]) == _fields(ALGOS["dapo"])  # the last rung is the dapo row
+    cfg = rungs["grpo"][0]
+    assert cfg.val_every >= 1 and cfg.seed == 0 and cfg.out == str(tmp_path / "grpo" / "seed-0")
+
+
+def test_vcppo_and_lambda_presets(tmp_path):
+    v = _specs("vcppo", tmp_path)
+    assert list(v) == ["ppo", "value-pretraining", "decoupled-gae"]
+    assert v["ppo"][0].critic is None and _fields(v["ppo"][1]) == _fields(ALGOS["ppo"])  # a fresh critic
+    critic = str(tmp_path / "_critic" / "seed-0")
+    assert v["value-pretraining"][0].critic == critic and _fields(v["value-pretraining"][1]) == _fields(ALGOS["ppo"])
+    assert v["decoupled-gae"][0].critic == critic and _fields(v["decoupled-gae"][1]) == _fields(ALGOS["vcppo"])
+    assert v["decoupled-gae"][1].lam_critic == 1.0 and v["value-pretraining"][1].lam_critic == 0.95
+    lam = _specs("lambda", tmp_path)
+    assert [s.lam_actor for _, s in lam.values()] == [0.9, 0.95, 0.99, 1.0]
+    assert all(s.lam_critic == 1.0 and s.pretrained_critic_required and c.critic == critic for c, s in lam.values())
+    # the critics run first, one per seed (pretrain-value: λ = 1 targets from the fixed policy), each rung's runs after theirs
+    jobs = make_jobs(make_plan(AblateConfig(preset="lambda", seeds=2, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}"])), tmp_path)
+    assert [j.label for j in jobs[:2]] == ["_critic/seed-0", "_critic/seed-1"] and all(j.stage == "pretrain-value" for j in jobs[:2])
+    assert all(j.needs is jobs[j.seed] and "--critic" in j.argv and "--seed" in j.argv for j in jobs[2:])
+    assert len({j.line() for j in jobs}) == len(jobs) == 2 + 4 * 2
+    assert PRESETS["dapo"].base == "train-dapo-cpu.toml" and PRESETS["vcppo"].base == "train-vcppo-cpu.toml"
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    (tmp_path / "data").mkdir()
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("args,needles", [
+    ([], ["give one of --preset"]),
+    (["--preset", "nope"], ["unknown --preset 'nope'", "dapo"]),
+    (["--preset", "dapo", "--spec", "x.toml"], ["--preset and --spec conflict"]),
+    (["--preset", "dapo", "--set", "out=elsewhere"], ["ablate sets 'out'"]),
+    (["--preset", "dapo", "--set", "seed=3"], ["--seeds"]),
+    (["--preset", "dapo", "--set", "no_such_key=1"], ["rung grpo", "unknown key 'no_such_key'"]),
+    (["--preset", "dapo", "--set", "eps_high=-1"], ["eps_high"]),
+    (["--preset", "dapo", "--set", "lr"], ["key=value"]),
+    (["--preset", "dapo", "--jobs", "0"], ["jobs must be >= 1"]),
+    (["--spec", "missing.toml"], ["spec missing.toml not found", "--spec"]),
+    (["--preset", "dapo", "--set", "data=no/such/dir"], ["no/such/dir not found", "--set data="]),
+])
+def test_bad_input_is_one_line_before_anything_runs(args, needles, tmp_path, monkeypatch, data_dir):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "abl"
+    data = [] if "--set" in args and any(a.startswith("data=") for a in args) or "--preset" not in args else ["--set", f"data={data_dir}"]
+    assert_user_error(run_cli("ablate", *args, *data, "--out", out), *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("spec,needles", [
+    ('seeds = 2\n[[rung]]\nname = "a"\n', ["has no base"]),
+    ('base = "train-dapo-cpu.toml"\n', ["has no rungs"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]]\nalgo = "grpo"\n', ["rung 1 has no name"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]]\nname = "a"\n[[rung]]\nname = "a"\n', ["'a' is used twice"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]]\nname = "_x"\n', ["rung name '_x'"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]]\nname = "a"\nalgo = "nope"\n', ["rung a", "unknown --algo 'nope'"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]]\nname = "a"\nsteps = 3\n', ["ablate sets 'steps'"]),
+    ('base = "nope.toml"\n[[rung]]\nname = "a"\n', ["base recipe nope.toml not found"]),
+    ('base = "train-dapo-cpu.toml"\nseeds = 0\n[[rung]]\nname = "a"\n', ["seeds must be"]),
+    ('base = "train-dapo-cpu.toml"\nrungs = 1\n[[rung]]\nname = "a"\n', ["unknown key 'rungs'"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]\n', ["not valid TOML"]),
+])
+def test_a_bad_spec_is_one_line(spec, needles, tmp_path):
+    (tmp_path / "s.toml").write_text(spec)
+    (tmp_path / "data").mkdir()
+    assert_user_error(run_cli("ablate", "--spec", tmp_path / "s.toml", "--set", f"data={tmp_path / 'data'}", "--out", tmp_path / "abl"), *needles)
+    assert not (tmp_path / "abl").exists()
+
+
+def test_collect_needs_an_ablation(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert_user_error(run_cli("ablate", "--collect", tmp_path / "empty"), "no plan.json")
+
+
+# ------------------------------------------------------------------------------------ real runs
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+
+
+def _ablate(*args: object) -> list[str]:
+    return [sys.executable, "-m", "reasonrl.cli", "ablate", *[str(a) for a in args]]
+
+
+def _spec(tmp: Path, model: Path, data: Path, rungs: str, *, steps: int) -> Path:
+    """A tiny base recipe (fp32, the HF engine, 8-token responses, validation on the 4 held-out
+    problems × 2) and a spec over it."""
+    (tmp / "tiny.toml").write_text(f'''model = "{model}"
+data = "{data}"
+engine = "hf"
+dtype = "fp32"
+algo = "grpo"
+group_size = 2
+prompts_per_step = 2
+mini_batch_size = 4
+micro_batch_size = 2
+max_response_len = 8
+overlong_cache_len = 2
+lr = 1e-3
+val_n = 2
+val_bootstrap = 20
+report_to = ["none"]
+''')
+    spec = tmp / "spec.toml"
+    spec.write_text(f'base = "tiny.toml"\nseeds = 2\nsteps = {steps}\n[train]\nsave_every = 1\n{rungs}')
+    return spec
+
+
+def _lines(p: Path) -> list[dict]:
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+TWO_RUNGS = '[[rung]]\nname = "grpo"\n[[rung]]\nname = "clip-higher"\nalgo.eps_high = 0.28\n'
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tmp_path):
+    spec = _spec(tmp_path, format_model, prepared, TWO_RUNGS, steps=2)
+    out = tmp_path / "abl"
+    runs = [out / r / f"seed-{s}" for r in ("grpo", "clip-higher") for s in (0, 1)]
+
+    # --dry-run: one command per run on stdout, each a plain `train` of the same CLI; nothing run
+    dry = subprocess.run(_ablate("--spec", spec, "--out", out, "--dry-run"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    lines = dry.stdout.splitlines()
+    assert len(lines) == 4 and all(ln.startswith(f"{sys.executable} -m reasonrl.cli train --config ") for ln in lines)
+    assert [ln.split("--out ")[1].split()[0] for ln in lines] == [str(r) for r in runs]
+    assert all("--seed 0" in ln for ln in lines[::2]) and all("--seed 1" in ln for ln in lines[1::2])  # one seed: the same --seed in every rung
+    assert "--set algo.eps_high=0.28" in lines[2] and "algo.eps_high" not in lines[0]
+    assert not any(r.exists() for r in runs) and (out / "plan.json").is_file() and not (out / "manifest.json").exists()
+
+    # the ablation, SIGKILLed (the driver's whole process group) once a run has finished and the next has checkpointed its step 1
+    p = subprocess.Popen(_ablate("--spec", spec, "--out", out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    killed = None
+    while p.poll() is None and killed is None:
+        done = [r for r in runs if (r / "manifest.json").is_file()]
+        mid = [r for r in runs if (r / "checkpoints" / "step_1").is_dir() and not (r / "manifest.json").exists()]
+        if done and mid:
+            os.killpg(p.pid, signal.SIGKILL)
+            killed = mid[0]
+        time.sleep(0.01)
+    p.wait(timeout=60)
+    assert killed is not None, f"the ablation ended before the kill: {p.returncode}, {p.stderr.read().decode()[-2000:]}"
+    time.sleep(0.5)  # (the group's processes are gone)
+    finished = [r for r in runs if (r / "manifest.json").is_file()]
+    assert finished and killed not in finished and not (out / "manifest.json").exists()
+
+    # --collect on the partial ablation: the table from the finished runs, the others named unfinished
+    part = run_cli("ablate", "--collect", out)
+    assert part.exit_code == 0, part.output
+    doc = json.loads((out / "ablation.json").read_text())
+    assert not doc["complete"] and f"{killed.parent.name}/{killed.name}" in doc["unfinished"] and not (out / "manifest.json").exists()
+
+    # a dry run now: the finished runs left out, the killed one resumed
+    dry2 = subprocess.run(_ablate("--spec", spec, "--out", out, "--dry-run"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert dry2.returncode == 0 and len(dry2.stdout.splitlines()) == 4 - len(finished), dry2.stderr[-2000:]
+    assert any(ln.endswith("--resume") and f"--out {killed} " in ln for ln in dry2.stdout.splitlines()), dry2.stdout
+
+    # the same command again (2 at once): finished runs skipped, the killed one resumed, the rest run
+    before = {r: (r / "manifest.json").stat().st_mtime_ns for r in finished}
+    again = subprocess.run(_ablate("--spec", spec, "--out", out, "--jobs", "2"), env=_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {r: (r / "manifest.json").stat().st_mtime_ns for r in finished} == before  # not rerun
+    log = (out / "logs" / f"{killed.parent.name}-seed-{killed.name[5:]}.log").read_text()
+    assert log.count("\n=== ") == 2 and log.split("\n=== ")[-1].splitlines()[0].endswith("--resume") and "resumed from" in log
+    for r in runs:
+        assert (r / "manifest.json").is_file()
+        assert [m["step"] for m in _lines(r / "metrics.jsonl")] == [0, 1, 2]  # each step once, the resumed run's too
+        assert [v["step"] for v in _lines(r / "validation.jsonl")] == [0, 2]
+    doc = json.loads((out / "ablation.json").read_text())
+    assert doc["complete"] and not doc["failed"] and json.loads((out / "manifest.json").read_text())["stage"] == "ablate"
+    grpo, clip = doc["rungs"]
+    for row in (grpo, clip):
+        assert row["seeds_finished"] == [0, 1] and row["metric"] == "avg@2"
+        for k in ("final", "best", "auc"):
+            assert 0 <= row[k]["ci"][0] <= row[k]["value"] <= row[k]["ci"][1] <= 1 and len(row[k]["per_seed"]) == 2
+        assert row["best"]["value"] >= row["final"]["value"] and row["entropy_final"] > 0 and row["step_s"] > 0
+    d = clip["vs_previous"]["final"]
+    assert clip["vs_previous"]["rung"] == "grpo" and d["problems"] == 2 * 4 and d["seeds"] == [0, 1]
+    assert d["value"] == pytest.approx(clip["final"]["value"] - grpo["final"]["value"]) and d["ci"][0] <= d["value"] <= d["ci"][1]
+    assert "vs_previous" not in grpo
+    assert "clip-higher" in again.stdout and "Δ final" in again.stdout
+
+    # --collect on the finished ablation: the same table
+    coll = run_cli("ablate", "--collect", out)
+    assert coll.exit_code == 0, coll.output
+    assert json.loads((out / "ablation.json").read_text())["rungs"] == doc["rungs"]
+
+    # the report overlays the rungs
+    rep = run_cli("report", out, "--out", tmp_path / "report")
+    assert rep.exit_code == 0, rep.output
+    assert (tmp_path / "report" / "ablation.png").is_file()
+    assert "ablation" not in json.loads((tmp_path / "report" / "manifest.json").read_text())["skipped"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_failed_run_is_reported_and_the_others_run(format_model, prepared, tmp_path):
+    """A rung whose runs fail (a critic that is not there), and one on the seed's pretrained critic
+    (a pretrain-value run made first): the failure is named, the other rung runs."""
+    rungs = ('[[rung]]\nname = "broken"\nalgo = "ppo"\ncritic = "/nonexistent/critic"\n'
+             '[[rung]]\nname = "vc"\nalgo = "vcppo"\npretrained_critic = true\n')
+    spec = _spec(tmp_path, format_model, prepared, rungs, steps=1)
+    (tmp_path / "critic.toml").write_text(f'model = "{format_model}"\ndata = "{prepared}"\nengine = "hf"\ndtype = "fp32"\nsteps = 1\n'
+                                          'prompts_per_step = 2\ngroup_size = 2\nmax_response_len = 8\nmini_batch_size = 4\nmicro_batch_size = 2\n'
+                                          'eval_prompts = 2\nreport_to = ["none"]\n')
+    spec.write_text(spec.read_text().replace("seeds = 2", 'seeds = [0]\ncritic_base = "critic.toml"'))
+    out = tmp_path / "abl"
+    r = subprocess.run(_ablate("--spec", spec, "--out", out, "--jobs", "2"), env=_env(), capture_output=True, text=True, timeout=500)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("error: 1 run(s) failed: broken/seed-0"), r.stderr[-2000:]
+    doc = json.loads((out / "ablation.json").read_text())
+    broken, vc = doc["rungs"]
+    assert broken["runs"]["0"]["status"] == "failed" and "critic /nonexistent/critic not found" in broken["runs"]["0"]["error"]
+    assert vc["runs"]["0"]["status"] == "finished" and vc["seeds_finished"] == [0] and "vs_previous" not in vc
+    assert doc["critics"]["_critic/seed-0"]["status"] == "done" and (out / "_critic" / "seed-0" / "manifest.json").is_file()
+    assert json.loads((out / "vc" / "seed-0" / "config.json").read_text())["critic"] == str(out / "_critic" / "seed-0")
+    assert doc["failed"] == ["broken/seed-0"] and not doc["complete"] and not (out / "manifest.json").exists()
+    assert "failed" in r.stdout  # (the table's seeds column)
+
+
+def test_a_spec_plans_its_rungs_and_critics(tmp_path):
+    """Flat or quoted dotted ("algo.eps_high") --algo fields, [train] for every run (the CLI's --set after it), [critic] for
+    the critics (their own steps), a rung with the pretrained critic."""
+    (tmp_path / "s.toml").write_text('base = "train-dapo-cpu.toml"\nseeds = [3, 5]\n[train]\nlr = 2e-5\n[critic]\nsteps = 4\n'
+                                     '[[rung]]\nname = "flat"\nalgo = "grpo"\neps_high = 0.3\n'
+                                     '[[rung]]\nname = "dotted"\nalgo = "grpo"\n"algo.eps_high" = 0.3\n'
+                                     '[[rung]]\nname = "vc"\nalgo = "vcppo"\npretrained_critic = true\n')
+    (tmp_path / "data").mkdir()
+    cfg = AblateConfig(spec=str(tmp_path / "s.toml"), out=str(tmp_path / "abl"), sets=["lr=3e-5", "engine=hf", f"data={tmp_path / 'data'}"])
+    plan = make_plan(cfg)
+    assert plan.seeds == [3, 5] and plan.sets == {"lr": "3e-5", "engine": "hf", "data": str(tmp_path / "data")}
+    flat, dotted, vc = (train_config(plan, r, 3, tmp_path / "abl") for r in plan.rungs)
+    assert flat.algo_spec() == dotted.algo_spec() and flat.algo_spec().eps_high == 0.3 and flat.lr == 3e-5 and flat.engine == "hf"
+    assert vc.critic == str(tmp_path / "abl" / "_critic" / "seed-3") and vc.seed == 3
+    jobs = make_jobs(plan, tmp_path / "abl")
+    critic = jobs[0]
+    assert critic.stage == "pretrain-value" and critic.seed == 3 and "steps=4" in critic.argv and "engine=hf" in critic.argv
+    assert not any(a.startswith("lr=") for a in critic.argv)  # (pretrain-value has critic_lr, not lr)
+    assert [j.label for j in jobs if j.needs is critic] == ["vc/seed-3"]
