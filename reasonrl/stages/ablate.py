@@ -400,8 +400,8 @@ def make_jobs(plan: Plan, out: Path) -> list[Job]:
             argv = _cli("pretrain-value", "--config", plan.critic_base, *_set_args(plan.critic_sets), "--seed", s, "--out", d)
             critics[s] = Job("pretrain-value", CRITICS, s, d, argv, logs / f"{CRITICS}-seed-{s}.log", start=state(d, "pretrain-value"))
             jobs.append(critics[s])
-    for r in plan.rungs:
-        for s in plan.seeds:
+    for s in plan.seeds:  # seed-major: a partial ablation (a session's time, a cluster's quota) holds whole ladders
+        for r in plan.rungs:
             d = run_dir(out, r.name, s)
             st = state(d, "train")
             opts = _train_options(plan, r, s, out, steps=plan.steps, val_every=plan.val_every)

@@ -170,7 +170,7 @@ TWO_RUNGS = '[[rung]]\nname = "grpo"\n[[rung]]\nname = "clip-higher"\nalgo.eps_h
 def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tmp_path):
     spec = _spec(tmp_path, format_model, prepared, TWO_RUNGS, steps=2)
     out = tmp_path / "abl"
-    runs = [out / r / f"seed-{s}" for r in ("grpo", "clip-higher") for s in (0, 1)]
+    runs = [out / r / f"seed-{s}" for s in (0, 1) for r in ("grpo", "clip-higher")]  # seed-major: a partial ablation holds whole ladders
 
     # --dry-run: one command per run on stdout, each a plain `train` of the same CLI; nothing run
     dry = subprocess.run(_ablate("--spec", spec, "--out", out, "--dry-run"), env=_env(), capture_output=True, text=True, timeout=300)
@@ -178,8 +178,8 @@ def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tm
     lines = dry.stdout.splitlines()
     assert len(lines) == 4 and all(ln.startswith(f"{sys.executable} -m reasonrl.cli train --config ") for ln in lines)
     assert [ln.split("--out ")[1].split()[0] for ln in lines] == [str(r) for r in runs]
-    assert all("--seed 0" in ln for ln in lines[::2]) and all("--seed 1" in ln for ln in lines[1::2])  # one seed: the same --seed in every rung
-    assert "--set algo.eps_high=0.28" in lines[2] and "algo.eps_high" not in lines[0]
+    assert all("--seed 0" in ln for ln in lines[:2]) and all("--seed 1" in ln for ln in lines[2:])  # one seed: the same --seed in every rung
+    assert "--set algo.eps_high=0.28" in lines[1] and "algo.eps_high" not in lines[0]
     assert not any(r.exists() for r in runs) and (out / "plan.json").is_file() and not (out / "manifest.json").exists()
 
     # the ablation, SIGKILLed (the driver's whole process group) once a run has finished and the next has checkpointed its step 1
