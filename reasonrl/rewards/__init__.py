@@ -8,7 +8,7 @@
 """
 
 from reasonrl.rewards.extract import extract_answer, find_boxed
-from reasonrl.rewards.scorer import RewardScorer, ScoreStats, default_num_workers
+from reasonrl.rewards.scorer import RewardPluginError, RewardScorer, ScoreStats, default_num_workers
 from reasonrl.rewards.verify import (
     CORRECT_REWARD,
     WRONG_REWARD,
@@ -24,6 +24,7 @@ from reasonrl.rewards.verify import (
 __all__ = [
     "CORRECT_REWARD",
     "WRONG_REWARD",
+    "RewardPluginError",
     "RewardScorer",
     "Score",
     "ScoreStats",

@@ -43,10 +43,11 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from reasonrl.errors import ReasonRLError
 from reasonrl.rewards.extract import extract_answer
 from reasonrl.rewards.verify import Score, ScoreStatus, decide_by_rule, math_verify_equivalent
 
-__all__ = ["RewardScorer", "ScoreStats", "default_num_workers"]
+__all__ = ["RewardPluginError", "RewardScorer", "ScoreStats", "default_num_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class ScoreStats:
     timeouts: int = 0
     errors: int = 0
     pool_restarts: int = 0  # pools killed (after a timeout or a worker crash)
+    reward_errors: int = 0  # items scored -1 because the reward failed: timeouts + errors (a plug-in's exceptions and non-finite values among them)
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -84,7 +86,7 @@ class ScoreStats:
 # Worker side (top-level functions: "spawn" pickles them by reference).
 
 
-def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None) -> None:
+def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None, reward: str = "math") -> None:
     """Warm a worker up (imports + one comparison), then wait for its siblings.
 
     The barrier makes every worker of a new pool ready before the first item is handed out, so no
@@ -103,7 +105,12 @@ def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None) -> No
 
             limit = int(memory_limit_mb) * 1024 * 1024
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        math_verify_equivalent("\\frac{1}{2}", "0.5")
+        if reward == "math":
+            math_verify_equivalent("\\frac{1}{2}", "0.5")
+        else:  # import the plug-in now, so its import time is spent on no item's clock
+            from reasonrl.rewards.plugin import load_plugin
+
+            load_plugin(reward)
     except Exception:  # noqa: BLE001 - a failed warm-up must not break the pool
         pass
     finally:
@@ -136,12 +143,22 @@ def _worker_verify(pred: str, ground_truth: str) -> bool:
     return math_verify_equivalent(pred, ground_truth)
 
 
+def _worker_plugin(spec: str, response: str, ground_truth: str, info: dict[str, Any]) -> tuple[str, Any]:
+    from reasonrl.rewards.plugin import call_plugin
+
+    return call_plugin(spec, response, ground_truth, info)
+
+
 # --------------------------------------------------------------------------------------------
 # Parent side.
 
 
 class _PoolStartError(RuntimeError):
     pass
+
+
+class RewardPluginError(ReasonRLError):
+    """A reward plug-in failed on every response of a batch: the run stops (one line, exit 1)."""
 
 
 class _Pool:
@@ -196,6 +213,12 @@ class RewardScorer:
         startup_timeout_s: time allowed for a new pool to start and warm up.
         memory_limit_mb: optional address-space limit for each worker (RLIMIT_AS, Unix); a
             runaway sympy computation then fails with MemoryError instead of eating the node.
+        reward: "math" (the rule reward above) or a plug-in spec, FILE.py:FUNCTION or
+            package.module:FUNCTION (:mod:`reasonrl.rewards.plugin`): every response is then scored
+            by the plug-in in the pool, ``timeout_s`` per response, with ``infos`` of
+            :meth:`score_batch`; an exception, a timeout or a non-finite value scores -1 (status
+            "error" / "timeout", counted in ``reward_errors``), and a batch on which every response
+            fails raises :class:`RewardPluginError` naming the first exception.
     """
 
     def __init__(
@@ -205,6 +228,7 @@ class RewardScorer:
         mp_context: str = "spawn",
         startup_timeout_s: float = 120.0,
         memory_limit_mb: int | None = None,
+        reward: str = "math",
     ) -> None:
         if mp_context not in ("spawn", "forkserver"):
             raise ValueError(f"mp_context must be 'spawn' or 'forkserver', not {mp_context!r}")
@@ -217,6 +241,7 @@ class RewardScorer:
         self.mp_context = mp_context
         self.startup_timeout_s = float(startup_timeout_s)
         self.memory_limit_mb = memory_limit_mb
+        self.reward = reward
         self._holder = _PoolHolder()
         self._lock = threading.Lock()
         # Runs at garbage collection or at interpreter exit, whichever comes first.
@@ -251,7 +276,7 @@ class RewardScorer:
             max_workers=n,
             mp_context=ctx,
             initializer=_worker_init,
-            initargs=(barrier, self.startup_timeout_s, self.memory_limit_mb),
+            initargs=(barrier, self.startup_timeout_s, self.memory_limit_mb, self.reward),
         )
         pool: _Pool | None = None
         try:
@@ -282,7 +307,7 @@ class RewardScorer:
         return self.score_batch([response], [ground_truth])[0][0]
 
     def score_batch(
-        self, responses: Sequence[str], ground_truths: Sequence[str | int]
+        self, responses: Sequence[str], ground_truths: Sequence[str | int], infos: Sequence[dict[str, Any]] | None = None,
     ) -> tuple[list[Score], ScoreStats]:
         """Score ``responses[i]`` against ``ground_truths[i]``; never hangs, never raises for an item.
 
@@ -294,6 +319,8 @@ class RewardScorer:
             raise ValueError(
                 f"{len(responses)} responses but {len(ground_truths)} ground truths: they must pair up"
             )
+        if self.reward != "math":
+            return self._score_plugin(responses, ground_truths, infos)
         t0 = time.monotonic()
         stats = ScoreStats(total=len(responses))
         scores: list[Score | None] = [None] * len(responses)
@@ -329,8 +356,58 @@ class RewardScorer:
                             stats.timeouts += 1
                         else:
                             stats.errors += 1
+        stats.reward_errors = stats.timeouts + stats.errors
         stats.seconds = time.monotonic() - t0
         return [s for s in scores if s is not None], stats
+
+    def _score_plugin(
+        self, responses: Sequence[str], ground_truths: Sequence[str | int], infos: Sequence[dict[str, Any]] | None,
+    ) -> tuple[list[Score], ScoreStats]:
+        """Every response through the plug-in ``self.reward``, one pool item each (no de-duplication:
+        ``info`` differs between prompts)."""
+        from reasonrl.rewards.plugin import call_plugin
+
+        if infos is not None and len(infos) != len(responses):
+            raise ValueError(f"{len(responses)} responses but {len(infos)} infos: they must pair up")
+        t0 = time.monotonic()
+        n = len(responses)
+        stats = ScoreStats(total=n, verified=n, verifier_calls=n)
+        args = [(self.reward, str(r), str(gt), dict(infos[i]) if infos is not None else {})
+                for i, (r, gt) in enumerate(zip(responses, ground_truths))]
+        if not n:
+            return [], stats
+        with self._lock:
+            if self.num_workers == 0:
+                outcomes = {i: ("ok", call_plugin(*args[i])) for i in range(n)}
+            else:
+                try:
+                    outcomes = self._run_in_pool(list(range(n)), stats, task=lambda i: (_worker_plugin, args[i]))
+                except BaseException:
+                    self._holder.kill()
+                    raise
+        scores: list[Score] = []
+        first: str | None = None
+        for i, response in enumerate(responses):
+            extracted = extract_answer(response)  # (what maj@n votes on)
+            status, value = outcomes[i]
+            if status == "ok" and value[0] == "ok":
+                reward = float(value[1])
+                scores.append(Score(reward, reward > 0, extracted, "ok"))
+                continue
+            if status == "timeout":
+                stats.timeouts += 1
+                first = first or f"no reward within {self.timeout_s:g} s (timeout)"
+            else:
+                stats.errors += 1
+                first = first or (value[1] if status == "ok" else "its worker process died (or the pool did not start)")
+                status = "error"
+            scores.append(Score.failed(extracted, status))
+        stats.reward_errors = stats.timeouts + stats.errors
+        stats.seconds = time.monotonic() - t0
+        if stats.reward_errors == n:
+            raise RewardPluginError(f"reward plug-in {self.reward} failed on all {n} responses of this batch; the first: {first}: "
+                                    "fix the function (docs/rewards.md: FUNCTION(response, ground_truth, **info) -> float | bool)")
+        return scores, stats
 
     def equivalent(
         self, pairs: Sequence[tuple[str, str | int]], stats: ScoreStats | None = None
@@ -384,9 +461,13 @@ class RewardScorer:
             self._holder.kill()
             raise
 
-    def _run_in_pool(self, keys: list[_Key], stats: ScoreStats) -> dict[_Key, tuple[ScoreStatus, bool]]:
-        """The scheduling loop: at most ``num_workers`` items in flight, each with a deadline."""
-        results: dict[_Key, tuple[ScoreStatus, bool]] = {}
+    def _run_in_pool(self, keys: list[Any], stats: ScoreStats, task: Any = None) -> dict[Any, tuple[ScoreStatus, Any]]:
+        """The scheduling loop: at most ``num_workers`` items in flight, each with a deadline.
+
+        ``task(key)`` gives the worker function and its arguments (default: math-verify of the
+        (answer, ground truth) pair ``key``); an item's value is what that function returned."""
+        task = task or (lambda key: (_worker_verify, key))
+        results: dict[Any, tuple[ScoreStatus, Any]] = {}
         queue: collections.deque[_Key] = collections.deque(keys)
         suspects: set[_Key] = set()  # were in flight when a worker died: rerun alone
         inflight: dict[Future[bool], tuple[_Key, float]] = {}
@@ -411,7 +492,8 @@ class RewardScorer:
                         results[queue.popleft()] = ("error", False)
                     break
                 try:
-                    fut = pool.executor.submit(_worker_verify, *key)
+                    fn, args = task(key)
+                    fut = pool.executor.submit(fn, *args)
                 except (BrokenProcessPool, RuntimeError):
                     # The pool broke between two submits (a worker died while idle): restart it,
                     # and rerun what was in flight one at a time. Give up after a few tries.
@@ -440,7 +522,7 @@ class RewardScorer:
             for fut in done:
                 key, _ = inflight.pop(fut)
                 try:
-                    results[key] = ("ok", bool(fut.result()))
+                    results[key] = ("ok", fut.result())
                 except BrokenProcessPool:
                     crashed.append(key)
                 except Exception:  # noqa: BLE001 - the verifier raised in the worker
@@ -471,7 +553,7 @@ class RewardScorer:
                     key, _ = inflight.pop(fut)
                     if fut.done():
                         try:
-                            results[key] = ("ok", bool(fut.result()))
+                            results[key] = ("ok", fut.result())
                             continue
                         except Exception:  # noqa: BLE001
                             pass

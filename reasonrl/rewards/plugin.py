@@ -1,0 +1,162 @@
+"""Rewards users bring: ``--reward FILE.py:FUNCTION`` or ``--reward package.module:FUNCTION``.
+
+The contract (docs/rewards.md): ``FUNCTION(response: str, ground_truth: str, **info) -> float | bool``
+where ``info`` holds ``prompt`` (the problem text: the prompt's last user message), ``data_source``
+and ``extra_info`` (the row's dict). ``True``/``False`` mean +1/-1, a float is the reward; a response
+is correct when its reward is > 0. A function without ``**info`` gets only the keywords it names.
+
+- :func:`check_reward_spec`: load and validate a spec in this process (a one-line
+  :class:`~reasonrl.errors.ReasonRLError` for a missing file, module or function, or a function
+  that does not take two positional arguments); what a stage config's ``__post_init__`` calls.
+- :func:`reward_record`: the spec and the plug-in file's sha256, for the manifest and resume.
+- :func:`call_plugin`: one item, in a worker process of :class:`reasonrl.rewards.RewardScorer`:
+  ("ok", reward) or ("error", "ExcType: message"); never raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from reasonrl.errors import ReasonRLError
+
+__all__ = ["MATH", "call_plugin", "check_reward_spec", "load_plugin", "plugin_file", "reward_record", "split_spec"]
+
+MATH = "math"
+#: What ``info`` holds for every response (docs/rewards.md).
+INFO_KEYS = ("prompt", "data_source", "extra_info")
+
+_loaded: dict[str, Callable[..., Any]] = {}
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """(FILE.py or package.module, FUNCTION) of a plug-in spec; a malformed one is a one-line error."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ReasonRLError(f"--reward {spec!r}: expected 'math', FILE.py:FUNCTION or package.module:FUNCTION")
+    return where, name
+
+
+def plugin_file(spec: str) -> Path | None:
+    """The plug-in's source file (None for 'math' or a module that has no file)."""
+    if spec == MATH:
+        return None
+    where, _ = split_spec(spec)
+    if where.endswith(".py"):
+        return Path(where).expanduser().resolve()
+    found = importlib.util.find_spec(where)
+    return Path(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else None
+
+
+def _import(where: str, spec: str) -> Any:
+    if where.endswith(".py"):
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise ReasonRLError(f"--reward {spec}: file {where} not found: pass FILE.py:FUNCTION with an existing file")
+        name = "reasonrl_reward_plugin_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module
+        try:
+            mod_spec.loader.exec_module(module)
+        except BaseException as e:
+            sys.modules.pop(name, None)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise ReasonRLError(f"--reward {spec}: importing {where} failed: {type(e).__name__}: {e}") from None
+        return module
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as e:
+        raise ReasonRLError(f"--reward {spec}: module {where} not found ({e}): install it, or pass FILE.py:FUNCTION") from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed while importing
+        raise ReasonRLError(f"--reward {spec}: importing {where} failed: {type(e).__name__}: {e}") from None
+
+
+def load_plugin(spec: str) -> Callable[..., Any]:
+    """The function a spec names, imported once per process and checked (see the module doc)."""
+    if spec in _loaded:
+        return _loaded[spec]
+    where, name = split_spec(spec)
+    module = _import(where, spec)
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise ReasonRLError(f"--reward {spec}: {where} has no function {name}")
+    if not callable(fn):
+        raise ReasonRLError(f"--reward {spec}: {where}.{name} is {type(fn).__name__}, not a function")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind("response", "ground_truth", **_keywords(fn, dict.fromkeys(INFO_KEYS, "")))
+        except TypeError:
+            raise ReasonRLError(f"--reward {spec}: {name}{sig} must take two positional arguments, "
+                                "FUNCTION(response, ground_truth, **info) (docs/rewards.md)") from None
+    _loaded[spec] = fn
+    return fn
+
+
+def check_reward_spec(spec: str) -> None:
+    """Validate ``--reward`` in this process (before any model loads): 'math' or a loadable plug-in."""
+    if spec != MATH:
+        load_plugin(spec)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def reward_record(spec: str) -> dict[str, Any]:
+    """What the manifest records of a run's reward: the spec, its file and the file's sha256."""
+    f = plugin_file(spec)
+    return {"spec": spec, "file": str(f) if f else None, "sha256": _sha256(f) if f else None}
+
+
+def _keywords(fn: Callable[..., Any], info: dict[str, Any]) -> dict[str, Any]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return info
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return info
+    names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {k: v for k, v in info.items() if k in names and k not in ("response", "ground_truth")}
+
+
+def as_reward(value: Any) -> float:
+    """A plug-in's return value as a reward: bool → ±1, a real number → float; else ValueError."""
+    if isinstance(value, bool):
+        return 1.0 if value else -1.0
+    try:
+        import numbers
+
+        if not isinstance(value, numbers.Real):
+            raise TypeError
+        reward = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"returned {type(value).__name__} {value!r:.60}, not a float or bool") from None
+    if not math.isfinite(reward):
+        raise ValueError(f"returned {reward}, not a finite number")
+    return reward
+
+
+def call_plugin(spec: str, response: str, ground_truth: str, info: dict[str, Any]) -> tuple[str, Any]:
+    """One reward, never raising: ("ok", float) or ("error", "ExcType: message")."""
+    try:
+        fn = load_plugin(spec)
+        return "ok", as_reward(fn(response, ground_truth, **_keywords(fn, info)))
+    except Exception as e:  # noqa: BLE001 - the user's code: any failure scores -1 and is counted
+        return "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
