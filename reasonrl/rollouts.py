@@ -75,6 +75,20 @@ def prompt_text(row: dict[str, Any], tokenizer: Any) -> str:
     return "\n".join(m["content"] for m in messages) + "\n"
 
 
+def problem_text(row: dict[str, Any]) -> str:
+    """The problem as the user wrote it: the prompt's last user message (the whole prompt when it is one text)."""
+    messages = row["prompt"]
+    if isinstance(messages, str):
+        return messages
+    users = [m for m in messages if m.get("role") == "user"] or list(messages)
+    return str(users[-1]["content"]) if users else ""
+
+
+def reward_info(row: dict[str, Any], data_source: str) -> dict[str, Any]:
+    """What a reward plug-in gets besides the response and the ground truth (docs/rewards.md)."""
+    return {"prompt": problem_text(row), "data_source": data_source, "extra_info": dict(row.get("extra_info") or {})}
+
+
 def generate_rollouts(
     engine: GenerationEngine,
     tokenizer: Any,
@@ -148,7 +162,8 @@ def generate_rollouts(
     stats.gen_tokens = sum(s.length for s in flat)
     t0 = time.perf_counter()
     with phase(f"score {len(flat)} responses", display=display):
-        scores, sstats = scorer.score_batch([s.response for s in flat], [s.ground_truth for s in flat])
+        infos = [reward_info(rows[s.prompt_index - row_offset], s.data_source) for s in flat]
+        scores, sstats = scorer.score_batch([s.response for s in flat], [s.ground_truth for s in flat], infos)
     stats.score_seconds = time.perf_counter() - t0
     stats.scorer = {k: int(v) for k, v in sstats.as_dict().items() if k != "seconds"}
     for s, sc in zip(flat, scores):

@@ -230,6 +230,21 @@ def per_problem_maj(
     return [1.0 if verdicts.get(p) is True else 0.0 for p in range(len(answers))]
 
 
+def per_problem_maj_by_reward(
+    correct: Sequence[Sequence[bool]],
+    answers: Sequence[Sequence[str | None]],
+    equal: EqualFn | None = None,
+) -> list[float]:
+    """maj@n under a reward plug-in (``--reward FILE.py:FUNCTION``), whose ground truth need not be
+    an answer to compare: the votes are the extracted answers as always (:func:`majority_votes`),
+    and a problem scores 1.0 when the first response that voted for the winning answer is correct
+    (its reward > 0); 0.0 when nobody voted."""
+    if len(answers) != len(correct):
+        raise ValueError(f"{len(answers)} problems of answers but {len(correct)} of correctness")
+    voted = majority_votes(answers, equal or reward_equal)
+    return [0.0 if v is None else float(bool(c[list(a).index(v)])) for c, a, v in zip(correct, answers, voted)]
+
+
 def maj_at_n(
     answers: Sequence[Sequence[str | None]],
     ground_truths: Sequence[Any],
@@ -286,9 +301,12 @@ def per_problem_values(
     ground_truths: Sequence[Any] | None = None,
     ks: Sequence[int] | None = None,
     equal: EqualFn | None = None,
+    maj_by_reward: bool = False,
 ) -> dict[str, list[float]]:
     """Each metric's value per problem: avg@n, pass@k (each k of ``ks`` with k <= n; default 1, 8,
-    n) and maj@n (only with ``answers`` and ``ground_truths``), in that order.
+    n) and maj@n (only with ``answers`` and ``ground_truths``), in that order. ``maj_by_reward``
+    (a reward plug-in): the winning answer is judged by its response's reward
+    (:func:`per_problem_maj_by_reward`), not by equivalence to the ground truth.
 
     ``n`` is the smallest number of samples of any problem.
     """
@@ -301,7 +319,8 @@ def per_problem_values(
     if answers is not None and ground_truths is not None:
         if len(answers) != len(correct):
             raise ValueError(f"{len(answers)} problems of answers but {len(correct)} of correctness")
-        out[f"maj@{n}"] = per_problem_maj(answers, ground_truths, equal)
+        out[f"maj@{n}"] = (per_problem_maj_by_reward(correct, answers, equal) if maj_by_reward
+                           else per_problem_maj(answers, ground_truths, equal))
     return out
 
 

@@ -143,7 +143,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         truths = [g[0].ground_truth for g in groups]
         # maj@n votes with the reward's equivalence, in the scorer's pool with its timeout.
         equal = functools.partial(gen.scorer.equivalent, stats=vote_stats)
-        values = per_problem_values(correct, answers, truths, ks=sorted({*cfg.ks, cfg.n}), equal=equal)
+        values = per_problem_values(correct, answers, truths, ks=sorted({*cfg.ks, cfg.n}), equal=equal, maj_by_reward=cfg.reward != "math")
         engine_name, engine_ver = gen.engine.name, engine_version(gen.engine, vers)
     finally:
         gen.close()
@@ -174,6 +174,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         "response_length_mean": sum(s.length for s in flat) / len(flat),
         "skipped_long_prompts": st.skipped_long_prompts,
         "verifier": st.scorer,
+        "reward": cfg.reward,
+        "reward_errors": st.scorer.get("reward_errors", 0),  # responses scored -1 because the reward failed (timeout, exception, non-finite)
         "vote_verifier": {k: int(v) for k, v in vote_stats.as_dict().items() if k not in ("seconds", "no_answer")},
         "gen_tokens_per_s": st.gen_tokens / st.gen_seconds if st.gen_seconds else 0.0,
         "engine": engine_name,
@@ -197,7 +199,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         write_json(out / "results.json", results)
         with RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg)) as runlog:
             runlog.log(0, val_metrics(results))
-        write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)})
+        write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)}, extra={"reward": cfg.reward_record()})
     table = Table(title=title or f"eval {cfg.dataset}: {len(groups)} problems × {cfg.n} samples ({len(flat)} responses) — {gen.model_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")

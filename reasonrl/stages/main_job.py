@@ -19,11 +19,11 @@ from reasonrl.bundled import bundled
 from reasonrl.config import build_config, check, check_seed, load_recipe, opt, recipe_layer
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import claim, releases_claims
-from reasonrl.stages.options import TrackOpts
+from reasonrl.stages.options import RewardOpts, TrackOpts
 
 
 @dataclass
-class MainJobConfig(TrackOpts):
+class MainJobConfig(TrackOpts, RewardOpts):
     model: str = opt("default", "Policy: 'default' (embedded SmolLM2-135M-Instruct) or an HF model directory.")
     data: str = opt("", "Training data file (default: the bundled addition chains data/chains.jsonl; data/addition.jsonl with --template fewshot is the fastest smoke run).")
     template: str | None = opt(None, "Override the prepare-data recipe's prompt template (its default: chains).")
@@ -39,6 +39,7 @@ class MainJobConfig(TrackOpts):
 
     def __post_init__(self) -> None:
         self._check_tracking()
+        self._check_reward()
         check_seed(self.seed)
         check(self.aime_problems >= 0, "aime_problems must be >= 0")
 
@@ -85,7 +86,8 @@ def run_main_job(cfg: MainJobConfig, console: Any = None) -> dict[str, Any]:
     claim(out, stage="main-job", inputs=(cfg.model, cfg.data))  # its folder (each stage below claims its own sub-directory)
     recipes = Path(cfg.recipes) if cfg.recipes else recipes_dir()
     data_file = cfg.data or str(bundled("chains.jsonl"))
-    common = {"model": cfg.model, "engine": cfg.engine, "dtype": cfg.dtype, "seed": cfg.seed, "quiet": cfg.quiet, "report_to": cfg.report_to}
+    common = {"model": cfg.model, "engine": cfg.engine, "dtype": cfg.dtype, "seed": cfg.seed, "quiet": cfg.quiet, "report_to": cfg.report_to,
+              "reward": cfg.reward}
     timings: dict[str, float] = {}
 
     def phase(name: str) -> None:

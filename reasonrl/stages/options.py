@@ -15,8 +15,28 @@ from reasonrl.config import check, check_seed, opt
 from reasonrl.engines.base import EngineOptions
 
 
+REWARD_HELP = ("Reward: 'math' (DAPO's rule reward: +1 when the final answer equals the ground truth, else -1), or a plug-in FILE.py:FUNCTION or "
+               "package.module:FUNCTION, called as FUNCTION(response, ground_truth, **info) -> float | bool in the scorer's worker processes (docs/rewards.md).")
+
+
 @dataclass
-class ModelOpts(EngineOptions):
+class RewardOpts:
+    reward: str = opt("math", REWARD_HELP)
+
+    def _check_reward(self) -> None:
+        from reasonrl.rewards.plugin import check_reward_spec
+
+        check_reward_spec(self.reward)  # a missing file, module or function: one line, before any model loads
+
+    def reward_record(self) -> dict[str, Any]:
+        """The reward spec, its plug-in file and the file's sha256 (None for 'math'), for the manifest."""
+        from reasonrl.rewards.plugin import reward_record
+
+        return reward_record(self.reward)
+
+
+@dataclass
+class ModelOpts(EngineOptions, RewardOpts):
     model: str = opt("default", "Policy: an HF model directory, a finished train run, or 'default' for the embedded SmolLM2-135M-Instruct.")
     seed: int = opt(0, "Random seed (data order, sampling, initialisation), in [0, 2**32 - 1].")
     allow_pickle: bool = opt(False, "Load model directories whose weights are pickle files (.bin/.pt), which can run code when loaded; default: safetensors only.")
@@ -24,6 +44,7 @@ class ModelOpts(EngineOptions):
     def _check_model(self) -> None:
         self._check_engine()
         check_seed(self.seed)
+        self._check_reward()
 
     def policy_dir(self) -> Path:
         """The policy's HF directory (``model`` resolved), its weights checked (safetensors unless --allow-pickle)."""
@@ -132,7 +153,7 @@ def open_generation(cfg: Any, model_dir: Path | None = None) -> Generation:
     md = model_dir or cfg.policy_dir()
     tok = load_tokenizer(md)
     engine = make_engine(cfg, str(md), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
-    return Generation(engine, tok, RewardScorer(), md)
+    return Generation(engine, tok, RewardScorer(reward=cfg.reward), md)
 
 
 BACKENDS = ("torch", "deepspeed")

@@ -148,7 +148,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
     spec = value_spec(cfg.lam_actor)
     engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len)
-    scorer = RewardScorer()
+    scorer = RewardScorer(reward=cfg.reward)
     collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
                                       overlong_cache_len=0) for r in (rows, held_rows))
     learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, critic_backend=critic_backend)
@@ -202,7 +202,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
             write_json(out / "bias.json", bias)
             write_json(out / "summary.json", summary)
             write_manifest(out, "pretrain-value", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir)},
-                           extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world})
+                           extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world, "reward": cfg.reward_record()})
     say(f"critic → {out / 'critic'} | {'in-sample' if in_sample else 'held-out'} value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
         f"explained variance {before.get('explained_variance', 0):.3f} → {after.get('explained_variance', 0):.3f}")
     if world > 1:

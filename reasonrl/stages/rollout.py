@@ -66,10 +66,12 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
         "gen_tokens_per_s": st.gen_tokens / st.gen_seconds if st.gen_seconds else 0.0,
         "skipped_long_prompts": st.skipped_long_prompts,
         "scorer": st.scorer,
+        "reward": cfg.reward,
+        "reward_errors": st.scorer.get("reward_errors", 0),
         "engine": gen.engine.name,
     }
     with run.writing(outputs):
         write_json(out / "summary.json", summary)
-        write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)})
+        write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)}, extra={"reward": cfg.reward_record()})
     console.print(f"rollout: {st.samples} responses, accuracy {summary['accuracy']:.3f}, {summary['gen_tokens_per_s']:.0f} tok/s → {out / 'rollouts.parquet'}")
     return summary

@@ -245,8 +245,10 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     tok = load_tokenizer(policy_dir)
     rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
     ckpt, run = None, None
+    reward = cfg.reward_record()  # (the plug-in file's sha256 as the run starts: a --resume refuses another file)
+    settings = {**to_dict(cfg), "reward_file_sha256": reward["sha256"]}
     if rank == 0:  # rank 0 holds the run directory for the whole job
-        run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=to_dict(cfg), inputs=(cfg.data, cdir))
+        run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings, inputs=(cfg.data, cdir))
     if world > 1:
         torch.distributed.barrier()
         ckpt = latest_checkpoint(out) if cfg.resume else None
@@ -284,7 +286,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0))
     if ckpt:
         engine.update_weights(policy_backend.full_state_dict())
-    scorer = RewardScorer()
+    scorer = RewardScorer(reward=cfg.reward)
     ranks = Ranks(rank, world)
     collector = make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, ranks=ranks,
                                overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds)
@@ -296,7 +298,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     if best is not None:
         best.load(val_state)
     if rank == 0:
-        write_json(out / "config.json", {**to_dict(cfg), "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
+        write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
     perf = None if cfg.peak_flops == 0 else StepPerf.for_model(
         policy.config, dtype=dtype, device=device, peak_flops=cfg.peak_flops, group_size=cfg.group_size, epochs=cfg.ppo_epochs,
@@ -424,7 +426,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 summary["early_stopped"] = best.stop
             write_json(out / "summary.json", summary)
             write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},
-                           extra={"algo": dataclasses.asdict(spec), "outputs": ["policy/", "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
+                           extra={"algo": dataclasses.asdict(spec), "reward": reward, "outputs": ["policy/", "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
                                                                                 "checkpoints/", "summary.json",
                                                                                 *(["best/"] if best is not None and best.step is not None else [])]})
     if world > 1:

@@ -33,8 +33,8 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
     local = [len(gen), sum(s.reward for s in gen), sum(s.shaped_reward for s in gen), sum(s.correct for s in gen),
              sum(s.length for s in gen), sum(s.truncated for s in gen), sum(s.extracted is None for s in gen), len(kept),
              sum(s.correct for s in kept), col.stats.gen_tokens, col.stats.skipped_long_prompts, sc.get("timeouts", 0),
-             sc.get("errors", 0), ent_sum, ent_n, sum(prompt_lens.values()), len(prompt_lens)]
-    (n, rew, shaped, corr, lens, trunc, noans, n_kept, kept_corr, tokens, skipped, timeouts, errors, ent_sum, ent_n, plen, n_groups) = (
+             sc.get("errors", 0), ent_sum, ent_n, sum(prompt_lens.values()), len(prompt_lens), sc.get("reward_errors", 0)]
+    (n, rew, shaped, corr, lens, trunc, noans, n_kept, kept_corr, tokens, skipped, timeouts, errors, ent_sum, ent_n, plen, n_groups, rerr) = (
         ranks.sum(torch.tensor(local, dtype=torch.float64)).tolist())
     len_max, gen_s, score_s = ranks.max(torch.tensor([max((s.length for s in gen), default=0), col.stats.gen_seconds,
                                                       col.stats.score_seconds], dtype=torch.float64)).tolist()
@@ -67,6 +67,7 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
         "rollout/skipped_long_prompts": int(skipped),
         "rollout/verifier_timeouts": int(timeouts),
         "rollout/verifier_errors": int(errors),
+        "rollout/reward_errors": int(rerr),
     })
     if st is not None:
         m["actor/entropy"] = ent_sum / ent_n if ent_n else 0.0

@@ -70,12 +70,13 @@ class Validator:
         # what rank 0 needs of each problem, in problem order
         kept = [(mine[g[0].prompt_index], [(s.correct, s.extracted, s.length, s.truncated) for s in g], g[0].ground_truth, g[0].data_source)
                 for g in groups]
-        shares = self.ranks.gather((kept, st.skipped_long_prompts))
+        shares = self.ranks.gather((kept, st.skipped_long_prompts, st.scorer.get("reward_errors", 0)))
         if self.ranks.rank != 0:
             return {}, {}
-        problems = sorted((p for share, _ in shares for p in share), key=lambda x: x[0])
-        skipped = sum(k for _, k in shares)
-        out: dict[str, float] = {"val/problems": float(len(problems)), "val/skipped_long_prompts": float(skipped)}
+        problems = sorted((p for share, *_ in shares for p in share), key=lambda x: x[0])
+        skipped = sum(k for _, k, _ in shares)
+        out: dict[str, float] = {"val/problems": float(len(problems)), "val/skipped_long_prompts": float(skipped),
+                                 "val/reward_errors": float(sum(e for *_, e in shares))}
         record: dict[str, Any] = {}
         if problems:
             correct = [[c for c, *_ in samples] for _, samples, _, _ in problems]
@@ -83,7 +84,8 @@ class Validator:
             truths = [gt for _, _, gt, _ in problems]
             votes = ScoreStats()
             equal = functools.partial(self.scorer.equivalent, stats=votes)  # maj@n: the reward's equivalence
-            values = per_problem_values(correct, answers, truths, ks=sorted({*self.ks, self.n}), equal=equal)
+            values = per_problem_values(correct, answers, truths, ks=sorted({*self.ks, self.n}), equal=equal,
+                                        maj_by_reward=getattr(self.scorer, "reward", "math") != "math")
             metrics, by_source = metrics_by_source(values, [src for *_, src in problems], n_boot=self.n_boot, seed=mix(self.seed, _VAL_STREAM, step))
             out.update(flat_metrics(metrics, by_source if len(by_source) > 1 else None))
             record = {"where": [(self.rows[p].get("extra_info") or {}).get("where", f"problem {p}") for p, *_ in problems],
