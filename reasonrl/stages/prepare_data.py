@@ -39,6 +39,10 @@ from reasonrl.stages.options import ProgressOpts
 MAX_BAD_ROWS_LISTED = 50
 
 
+#: The rule of a row kept with its non-integer answer as written (--keep-non-integer).
+NON_INTEGER = "non_integer"
+
+
 @dataclass
 class PrepareConfig(ProgressOpts):
     """Configuration of ``reasonrl prepare-data``."""
@@ -46,6 +50,8 @@ class PrepareConfig(ProgressOpts):
     inputs: list[str] = opt([], help="Math data to read: .jsonl/.json/.parquet files (verl RL parquet included), saved `datasets` directories, or directories of such files.")
     out: str = opt("runs/data", help="Output directory for train.parquet, validation.parquet, report.json and manifest.json.")
     integerize: bool = opt(True, help="Rewrite problems whose answer is not an integer (m/n -> m+n, a*sqrt(b) -> a+b, ...; DAPO section 3.5); false keeps only rows whose answer already is an integer.")
+    keep_non_integer: bool = opt(False, help="Keep rows whose answer is not an integer (with --integerize: that no rule can rewrite) with their problem and answer as written, "
+                                 "for a reward plug-in (--reward FILE.py:FUNCTION, docs/rewards.md); counted as kept_non_integer in the report. Empty answers are still dropped.")
     template: str = opt("dapo", help="Prompt template: 'dapo' (SPEC.md's DAPO template, answer on an 'Answer:' line), 'boxed' (answer in \\boxed{}), 'none' (the raw problem), 'fewshot' / 'dapo-fewshot' (two worked 'Answer: N' examples as earlier chat turns, then the problem raw / in the DAPO template), or 'chains' / 'chains-direct' (for data/chains.jsonl: two addition chains as long as the problem, worked one addition a line / answered at once).")
     val_fraction: float = opt(0.05, help="Fraction of the kept rows held out for validation (at least 1 row when > 0 and 2+ rows are kept); ignored when val_size is set.")
     val_size: int | None = opt(None, help="Exact number of validation rows (overrides val_fraction).")
@@ -259,7 +265,8 @@ def _run_prepare(cfg: PrepareConfig, *, rewriter: Rewriter | None = None) -> dic
         "bad_rows_skipped": len(read.bad),
         "bad_rows": [b.as_dict() for b in read.bad[:MAX_BAD_ROWS_LISTED]],
         "kept_unchanged": rules.get("integer", 0),
-        "transformed": {k: v for k, v in sorted(rules.items(), key=lambda kv: -kv[1]) if k != "integer"},
+        "transformed": {k: v for k, v in sorted(rules.items(), key=lambda kv: -kv[1]) if k not in ("integer", NON_INTEGER)},
+        "kept_non_integer": rules.get(NON_INTEGER, 0),
         "dropped": dict(read.dropped.most_common()),
         "duplicates": kept.duplicates,
         "duplicates_with_other_answer": kept.conflicting,
@@ -348,6 +355,9 @@ def _read_and_integerize(cfg: PrepareConfig, files: list[tuple[str, Path]], rewr
                 reason = ""
             else:
                 reason = result.reason if cfg.integerize else "not_integer"
+            if reason and cfg.keep_non_integer and answer_text.strip():
+                # kept as written: the ground truth is the answer's text, for a reward plug-in to judge
+                result, reason = IntegerProblem(fields.problem, answer_text, NON_INTEGER), ""  # type: ignore[arg-type]
             if reason:
                 r.dropped[reason] += 1
                 _sample(r.dropped_samples, reason, answer_text, cfg.sample_per_rule)
@@ -413,7 +423,7 @@ def _rule_counts(final: list[_Row], sample_per_rule: int) -> tuple[Counter, dict
     samples: dict[str, list[dict[str, Any]]] = {}
     for row in final:
         rules[row.item.rule] += 1
-        if row.item.rule != "integer":
+        if row.item.rule not in ("integer", NON_INTEGER):
             _sample(
                 samples,
                 row.item.rule,
@@ -486,6 +496,8 @@ def print_report(report: dict[str, Any], console: Any = None) -> None:
     summary.add_row("bad rows skipped", str(report["bad_rows_skipped"]))
     summary.add_row("kept unchanged (integer)", str(report["kept_unchanged"]))
     summary.add_row("transformed to integers", str(transformed))
+    if report.get("kept_non_integer"):
+        summary.add_row("kept not integer (--keep-non-integer)", str(report["kept_non_integer"]))
     summary.add_row("dropped", str(sum(report["dropped"].values())))
     summary.add_row("duplicates", str(report["duplicates"]))
     if report.get("duplicates"):
