@@ -146,6 +146,7 @@ def test_the_example_plugin(tmp_path):
 
     spec = f"{EXAMPLE}:exact_match"
     assert len(EXAMPLE.read_text().splitlines()) <= 10
+    assert EXAMPLE.read_text() in (ROOT / "docs" / "rewards.md").read_text()  # the page shows the file as it is
     fn = load_plugin(spec)
     assert fn("so the sky is\nAnswer: Blue", "blue") == 1.0
     assert fn("Answer: green", "blue") == -1.0 and fn("no final answer", "blue") == -1.0
