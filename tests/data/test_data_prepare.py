@@ -157,6 +157,26 @@ def test_json_list_and_data_dict(tmp_path):
         assert report["validation"] == 0 and rows_of(out, "validation") == []
 
 
+def test_keep_non_integer_keeps_answers_as_written_and_counts_them(tmp_path):
+    """For a reward plug-in: --keep-non-integer keeps what the integer transformation would drop or
+    rewrite (with --no-integerize) / refuses (with --integerize), problem and answer as written."""
+    rows = [*SMALL, {"problem": "Which color is the sky?", "answer": "blue"}, {"problem": "Blank?", "answer": "  "}]
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    report, out = prepare(tmp_path, [tmp_path / "a.json"], name="raw", val_fraction=0.0, integerize=False, keep_non_integer=True)
+    kept = {r["extra_info"]["raw_problem"]: (r["reward_model"]["ground_truth"], r["extra_info"]["rule"]) for r in rows_of(out)}
+    assert kept == {"What is $1+1$?": ("2", "integer"), "What is $2 \\cdot 3$?": ("6", "integer"),
+                    "What is half of one?": ("\\frac{1}{2}", "non_integer"), "Name the pair.": ("(1,2)", "non_integer"),
+                    "Which color is the sky?": ("blue", "non_integer")}
+    assert (report["kept_unchanged"], report["kept_non_integer"], report["transformed"], report["kept"]) == (2, 3, {}, 5)
+    assert sum(report["dropped"].values()) == 1  # the blank answer: nothing to judge
+    # with --integerize, the fraction is rewritten as before and only the refused rows are kept as written
+    report, out = prepare(tmp_path, [tmp_path / "a.json"], name="int", val_fraction=0.0, keep_non_integer=True)
+    assert (report["kept_unchanged"], report["transformed"], report["kept_non_integer"]) == (2, {"fraction": 1}, 2)
+    # without the flag, nothing changes
+    report, _ = prepare(tmp_path, [tmp_path / "a.json"], name="off", val_fraction=0.0, integerize=False)
+    assert (report["kept_non_integer"], report["kept"]) == (0, 2)
+
+
 def test_plain_parquet_saved_dataset_and_directory(tmp_path, write_jsonl):
     import datasets
 
