@@ -18,7 +18,7 @@ class RankScript:
     def __init__(self, rank: int) -> None:
         self.rank = rank
 
-    def score_batch(self, responses, ground_truths):
+    def score_batch(self, responses, ground_truths, infos=None):
         from reasonrl.rewards import Score, ScoreStats
 
         scores = [Score.decided("0", self.rank == 0 and i % 2 == 0) for i in range(len(responses))]
