@@ -196,6 +196,13 @@ def test_a_plugin_drives_rollout_train_and_eval(tmp_path, tiny_model, prepared, 
     for s in rows:  # the plug-in's reward, by length parity of the decoded text; correct = reward > 0
         assert s["reward"] == (1.0 if len(s["response"]) % 2 == 0 else -1.0) and s["correct"] == (s["reward"] > 0)
 
+    r = run_cli("pretrain-value", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "pv", "--steps", "1", "--prompts-per-step", "2",
+                "--group-size", "2", "--mini-batch-size", "4", "--micro-batch-size", "2", "--eval-prompts", "2", "--reward", spec, "--quiet", *TINY)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "pv" / "manifest.json").read_text())["reward"]["sha256"] == sha
+    pv_steps = [m for m in _metrics(tmp_path / "pv" / "metrics.jsonl") if "rollout/reward_errors" in m]
+    assert pv_steps and all(m["rollout/reward_errors"] == 0 for m in pv_steps)
+
     train = ["train", "--algo", "dapo", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "tr", "--group-size", "4",
              "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "2", "--max-gen-rounds", "3", "--lr", "1e-3",
              "--save-every", "1", "--val-every", "2", "--val-n", "2", "--val-bootstrap", "20", "--reward", spec, "--quiet", *TINY]
