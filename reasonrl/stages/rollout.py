@@ -73,5 +73,6 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     with run.writing(outputs):
         write_json(out / "summary.json", summary)
         write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)}, extra={"reward": cfg.reward_record()})
-    console.print(f"rollout: {st.samples} responses, accuracy {summary['accuracy']:.3f}, {summary['gen_tokens_per_s']:.0f} tok/s → {out / 'rollouts.parquet'}")
+    errs = f", {summary['reward_errors']} scored -1 because the reward failed (reward_errors)" if summary["reward_errors"] else ""
+    console.print(f"rollout: {st.samples} responses, accuracy {summary['accuracy']:.3f}{errs}, {summary['gen_tokens_per_s']:.0f} tok/s → {out / 'rollouts.parquet'}")
     return summary
