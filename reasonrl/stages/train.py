@@ -182,6 +182,18 @@ def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig,
             f"{ckpt}; try a lower --lr or a --grad-clip, then --resume")
 
 
+def _check_same_reward(out: Path, reward: dict[str, Any]) -> None:
+    """--resume with another reward plug-in file than the run started with: one line naming it (the
+    general settings check, ``reward_file_sha256`` in config.json, would refuse it too, less plainly)."""
+    try:
+        saved = json.loads((out / "config.json").read_text(encoding="utf-8")).get("reward_file_sha256")
+    except (OSError, ValueError, AttributeError):
+        return  # (no readable config.json: start_run says so)
+    if saved and reward["sha256"] and saved != reward["sha256"]:
+        raise ReasonRLError(f"--resume: the reward plug-in {reward['file']} changed since the run started (sha256 {saved[:12]}… → "
+                            f"{reward['sha256'][:12]}…): restore the file the run was trained with, or start over with --overwrite")
+
+
 @releases_claims
 def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     """Run ``cfg``; a stop by SIGTERM or SIGINT raises ``reasonrl.interrupts.Interrupted`` with its one line."""
@@ -247,6 +259,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     ckpt, run = None, None
     reward = cfg.reward_record()  # (the plug-in file's sha256 as the run starts: a --resume refuses another file)
     settings = {**to_dict(cfg), "reward_file_sha256": reward["sha256"]}
+    if rank == 0 and cfg.resume:
+        _check_same_reward(out, reward)
     if rank == 0:  # rank 0 holds the run directory for the whole job
         run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings, inputs=(cfg.data, cdir))
     if world > 1:
