@@ -30,7 +30,7 @@ class MainJobConfig(TrackOpts, RewardOpts):
     out: str = opt("runs/main", "Directory for every stage's artifacts (data/, critic/, train/, eval_base/, eval_trained/, eval_aime/).")
     recipes: str = opt("", "Folder of the *-cpu.toml stage recipes (default: the repository's stages/).")
     engine: str = opt("auto", "Generation engine for every stage: auto, vllm or hf.")
-    dtype: str = opt("auto", "Compute dtype for every stage: auto (bf16 where the CPU computes it natively, else fp32), bf16 or fp32.")
+    dtype: str | None = opt(None, "Compute dtype for every stage: auto (bf16 where the CPU computes it natively, else fp32), bf16 or fp32 (default: the recipes', else auto).")
     steps: int | None = opt(None, "Override the train recipe's step count.")
     value_steps: int | None = opt(None, "Override the pretrain-value recipe's step count.")
     eval_n: int | None = opt(None, "Override samples per held-out problem.")
@@ -42,6 +42,7 @@ class MainJobConfig(TrackOpts, RewardOpts):
         self._check_reward()
         check_seed(self.seed)
         check(self.aime_problems >= 0, "aime_problems must be >= 0")
+        check(self.dtype in (None, "auto", "bf16", "fp16", "fp32"), f"dtype {self.dtype!r}: use auto, bf16, fp16 or fp32")
 
 
 def paired_deltas(base: dict[str, Any], trained: dict[str, Any], *, seed: int = 0, n_boot: int = 1000) -> dict[str, dict[str, Any]]:
