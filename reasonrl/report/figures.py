@@ -151,6 +151,15 @@ def empty_panel(ax: Any) -> None:
     ax.text(0.5, 0.5, "nothing to draw: see the notes below", transform=ax.transAxes, ha="center", va="center", color="grey")
 
 
+def finish_panels(out: Drawn, fig: Any, axes: list[Any], drawn: list[bool]) -> Drawn:
+    """``out`` with ``fig`` when any panel drew something (the empty ones say so), else no figure."""
+    for ax, d in zip(axes, drawn):
+        if any(drawn) and not d:
+            empty_panel(ax)
+    out.fig = fig if any(drawn) else None
+    return out
+
+
 def _line_panels(runs: list[Run], all_runs: list[Run], smooth: int, panels: list[tuple[str, str, list[tuple[str, str, str]]]]) -> Drawn:
     """Panels of curves for ``runs``: (title, y label, [(metric, line style, what it is)]), one
     colour per run of ``all_runs``."""
@@ -162,11 +171,7 @@ def _line_panels(runs: list[Run], all_runs: list[Run], smooth: int, panels: list
         for key, style, what in series:
             drawn[-1] |= _curves(ax, runs, all_runs, key, smooth, out.notes, style=style, what=what if len(series) > 1 else "")
         _axes(ax, ylabel, title)
-    for ax, d in zip(axes, drawn):
-        if any(drawn) and not d:
-            empty_panel(ax)
-    out.fig = fig if any(drawn) else None
-    return out
+    return finish_panels(out, fig, axes, drawn)
 
 
 def train_runs(runs: list[Run]) -> list[Run]:
@@ -266,11 +271,7 @@ def draw_ablation(runs: list[Run], smooth: int) -> Drawn:
                 ax.fill_between(steps, [min(v) for v in ys], [max(v) for v in ys], color=c, alpha=0.18, linewidth=0)
             drawn[i] = True
         _axes(ax, ylabel, title)
-    for ax, d in zip(axes, drawn):
-        if any(drawn) and not d:
-            empty_panel(ax)
-    out.fig = fig if any(drawn) else None
-    return out
+    return finish_panels(out, fig, axes, drawn)
 
 
 @figure("entropy", "Policy entropy")
@@ -465,11 +466,7 @@ def draw_bias(runs: list[Run], smooth: int) -> Drawn:
                 drawn[i] = True
         ax.axhline(0, color="grey", linewidth=0.8)
         _axes(ax, ylabel, key.replace("_", " ") + " (held-out responses)", xlabel="token position bin (0 = response start → end)")
-    for ax, d in zip(axes, drawn):
-        if any(drawn) and not d:
-            empty_panel(ax)
-    out.fig = fig if any(drawn) else None
-    return out
+    return finish_panels(out, fig, axes, drawn)
 
 
 @figure("eval", "Evaluation")
