@@ -196,3 +196,59 @@ def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     return pq.read_table(path).to_pylist()
+
+
+@dataclass
+class RolloutArtifact:
+    """A finished `reasonrl rollout` directory: its manifest and its responses, one group per prompt
+    in the order they were sampled."""
+
+    path: Path
+    manifest: dict[str, Any]
+    groups: list[list[Sample]]
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        """The policy that sampled it: ``{"path", "weights_sha256"}`` ({} in artifacts older than the record)."""
+        return dict(self.manifest.get("policy") or {})
+
+    @property
+    def reward(self) -> dict[str, Any]:
+        """The reward its responses were scored with (the manifest's record; 'math' before plug-ins)."""
+        return dict(self.manifest.get("reward") or {"spec": "math", "file": None, "sha256": None})
+
+    def pass_rates(self) -> dict[str, tuple[int, int]]:
+        """(correct, samples) per chat-formatted prompt, over every group of that prompt."""
+        out: dict[str, tuple[int, int]] = {}
+        for g in self.groups:
+            c, n = out.get(g[0].prompt, (0, 0))
+            out[g[0].prompt] = (c + sum(s.correct for s in g), n + len(g))
+        return out
+
+
+def load_rollout_artifact(path: str | Path, *, option: str) -> RolloutArtifact:
+    """The rollout artifact at ``path`` (a `reasonrl rollout` output directory, or its rollouts.parquet),
+    read whole. A missing, unfinished or foreign directory, or an empty one, is a one-line error
+    naming ``option`` and the stage to run."""
+    from reasonrl.artifacts import read_manifest
+    from reasonrl.errors import ReasonRLError
+
+    p = Path(path)
+    if p.name == "rollouts.parquet":
+        p = p.parent
+    hint = f"reasonrl rollout --out {p}"
+    manifest = read_manifest(p, stage="rollout", hint=hint)
+    if manifest.get("stage") != "rollout":
+        raise ReasonRLError(f"{option} {p}: a `{manifest.get('stage')}` output, not a rollout artifact: run `{hint}` and pass that directory")
+    try:
+        recs = read_rollouts(p / "rollouts.parquet")
+    except (OSError, ValueError) as e:
+        raise ReasonRLError(f"{option} {p}: rollouts.parquet is unreadable ({type(e).__name__}): run `{hint} --overwrite`") from None
+    names = {f.name for f in dataclasses.fields(Sample)}
+    groups: dict[int, list[Sample]] = {}
+    for r in recs:
+        s = Sample(**{k: v for k, v in r.items() if k in names})
+        groups.setdefault(s.group, []).append(s)
+    if not groups:
+        raise ReasonRLError(f"{option} {p} holds no responses: run `{hint} --overwrite` on more prompts")
+    return RolloutArtifact(p, manifest, list(groups.values()))

@@ -8,6 +8,13 @@ positive advantage bias growing toward the start of a response). The held-out ba
 prepared data's validation split; without one it is drawn from the training rows and the picture
 is labelled "in-sample".
 
+Offline, as the paper has it (``--rollouts DIR``): the critic learns from a `reasonrl rollout`
+artifact's responses, with their saved rewards, and no engine is built. The artifact must have been
+sampled by this ``--model`` (its manifest records the policy's weights sha256; ``--allow-other-policy``
+overrides). ``--eval-prompts`` of its prompts (a seeded draw) are held out for the bias picture; the
+others are served ``--prompts-per-step`` groups a step, epoch after epoch (``--epochs E`` sets the
+steps to E passes over them). The sampling options are the artifact's; ``--data`` is not read.
+
 Backends as ``train``: one process (torch), or ``--backend deepspeed --zero 2|3 [--offload]`` under
 torchrun, each rank on its GPU when there is one. ``prompts_per_step`` and ``mini_batch_size`` are
 global (each rank generates and trains on its share); the held-out batch is generated in shares and
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +65,10 @@ class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
     lam_actor: float = opt(A.ALGOS["vcppo"].lam_actor, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
-    eval_prompts: int = opt(8, "Held-out prompts for the before/after bias picture (from the validation split; without one, from the training rows, labelled in-sample).")
+    eval_prompts: int = opt(8, "Held-out prompts for the before/after bias picture (from the validation split; without one, from the training rows, labelled in-sample; with --rollouts, a seeded draw of its prompts, kept out of training).")
+    rollouts: str = opt("", "Train on a `reasonrl rollout` directory's saved responses and rewards (VC-PPO's offline pretraining on a fixed policy's responses) instead of sampling: no engine is built, --data is not read.")
+    epochs: int | None = opt(None, "With --rollouts: passes over its training prompts; sets --steps to ceil(epochs × prompts / prompts_per_step).")
+    allow_other_policy: bool = opt(False, "With --rollouts: accept responses sampled by another policy than --model (the critic then learns that policy's values, not this one's).")
     overwrite: bool = opt(False, "Replace a finished output directory.")
 
     def __post_init__(self) -> None:
@@ -71,6 +82,9 @@ class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
         check(self.critic_lr > 0, "critic_lr must be > 0")
         check(0 <= self.lam_actor <= 1, "lam_actor must be in [0, 1]")
         check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
+        check(self.epochs is None or self.epochs >= 1, "epochs must be >= 1")
+        check(self.epochs is None or bool(self.rollouts), "--epochs counts passes over saved responses: give --rollouts DIR too (without it, --steps counts sampled steps)")
+        check(bool(self.rollouts) or not self.allow_other_policy, "--allow-other-policy only applies with --rollouts DIR")
         self._check_backend(self.mini_batch_size, self.micro_batch_size)
 
 
@@ -92,6 +106,46 @@ def held_out_rows(data: str, n: int) -> tuple[list[dict[str, Any]], bool]:
     except MissingArtifactError:
         val = []
     return (val[:n], False) if val else (load_prepared(data, "train")[:n], True)
+
+
+def saved_rollouts(cfg: PretrainValueConfig, policy_dir: Path) -> Any:
+    """``--rollouts``' artifact, checked: sampled by ``policy_dir``'s weights (or --allow-other-policy),
+    scored with --reward's reward (when one other than the default is given), with more prompts than
+    --eval-prompts holds out."""
+    from reasonrl.artifacts import hash_weights
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.rollouts import load_rollout_artifact
+
+    art = load_rollout_artifact(cfg.rollouts, option="--rollouts")
+    sampler = art.policy
+    if not cfg.allow_other_policy:
+        if not sampler.get("weights_sha256"):
+            raise ReasonRLError(f"--rollouts {art.path} does not record which policy sampled it (made by an older reasonrl): "
+                                "rerun `reasonrl rollout`, or pass --allow-other-policy")
+        mine = hash_weights(policy_dir)
+        if mine != sampler["weights_sha256"]:
+            raise ReasonRLError(f"--rollouts {art.path} was sampled by {sampler.get('path')} (weights {sampler['weights_sha256'][:12]}…), not by "
+                                f"--model {cfg.model} ({(mine or 'no local weights')[:12]}…): VC-PPO pretrains the critic on its own policy's responses; "
+                                "pass the --model that sampled them, or --allow-other-policy")
+    if cfg.reward != "math" and cfg.reward != art.reward.get("spec"):
+        raise ReasonRLError(f"--rollouts {art.path} was scored with the reward {art.reward.get('spec')!r}, and its saved rewards are the ones "
+                            f"learned from: drop --reward {cfg.reward} (or sample new rollouts with it)")
+    if len(art.groups) <= cfg.eval_prompts:
+        raise ReasonRLError(f"--rollouts {art.path} has {len(art.groups)} prompts and --eval-prompts holds out {cfg.eval_prompts}: "
+                            "lower --eval-prompts or sample rollouts of more prompts")
+    return art
+
+
+def split_saved(groups: list[Any], held: int, seed: int) -> tuple[list[Any], list[Any]]:
+    """(training groups, held-out groups): ``held`` groups of a seeded draw held out, the rest to
+    train on; each part in its saved order, with group ids 0.. (the by-position picture and the
+    held-out gather order by them)."""
+    import random
+
+    order = list(range(len(groups)))
+    random.Random(seed).shuffle(order)
+    out = ([groups[i] for i in sorted(order[held:])], [groups[i] for i in sorted(order[:held])])
+    return tuple([[dataclasses.replace(s, group=g) for s in grp] for g, grp in enumerate(part)] for part in out)  # type: ignore[return-value]
 
 
 def _all_groups(groups: list[Any], ranks: Any) -> list[Any]:
@@ -124,21 +178,31 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from reasonrl.progress import Display, status
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
-    from reasonrl.train.collector import DataStream
+    from reasonrl.train.collector import DataStream, Replay
     from reasonrl.train.step_metrics import flatten_metrics, position_metrics, rollout_metrics
     from reasonrl.train.ranks import Ranks
 
     console = console or Console(stderr=True)
-    rows = training_rows(cfg.data)
-    held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
     policy_dir = cfg.policy_dir()
+    art, steps = None, cfg.steps
+    if cfg.rollouts:  # offline: the artifact's responses; no data, engine or scorer
+        art = saved_rollouts(cfg, policy_dir)
+        saved, held_saved = split_saved(art.groups, cfg.eval_prompts, cfg.seed)
+        if cfg.epochs:
+            steps = math.ceil(cfg.epochs * len(saved) / cfg.prompts_per_step)
+        group_size = int(art.manifest.get("config", {}).get("group_size") or len(saved[0]))
+        in_sample, reward = False, art.reward
+    else:
+        rows = training_rows(cfg.data)
+        held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
+        group_size, reward = cfg.group_size, cfg.reward_record()
     init_dir = check_weights(cfg.critic_init, cfg.allow_pickle) if cfg.critic_init else policy_dir
     rank, world = start_ranks(cfg)
     ranks = Ranks(rank, world)
     out = Path(cfg.out)
     run = None
     if rank == 0:  # rank 0 holds the output directory for the whole job
-        run = open_output(out, stage="pretrain-value", outputs=OUTPUTS, overwrite=cfg.overwrite, inputs=(cfg.data, policy_dir, init_dir))
+        run = open_output(out, stage="pretrain-value", outputs=OUTPUTS, overwrite=cfg.overwrite, inputs=(art.path if art else cfg.data, policy_dir, init_dir))
     if world > 1:
         torch.distributed.barrier()
     torch.manual_seed(cfg.seed)
@@ -147,62 +211,79 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     critic = new_value_model(init_dir, seed=cfg.seed).to(default_device())
     critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
     spec = value_spec(cfg.lam_actor)
-    engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len)
-    scorer = RewardScorer(reward=cfg.reward)
-    collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
-                                      overlong_cache_len=0) for r in (rows, held_rows))
+    engine = scorer = None
+    if art is not None:
+        collector: Any = Replay(saved, cfg.seed, ranks)
+        label = f"held-out: {len(held_saved)} prompts of the rollouts, not trained on"
+        source = f"{len(saved)} prompts × {group_size} saved responses of {art.path}"
+    else:
+        engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+        scorer = RewardScorer(reward=cfg.reward)
+        collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
+                                          overlong_cache_len=0) for r in (rows, held_rows))
+        label = "in-sample: no validation split, drawn from the training rows" if in_sample else "held-out: the validation split"
+        source = f"{len(rows)} prompts"
     learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, critic_backend=critic_backend)
     display = Display(console, quiet=cfg.quiet or rank != 0)
     say = display.print if rank == 0 else (lambda *a, **k: None)
-    label = "in-sample: no validation split, drawn from the training rows" if in_sample else "held-out: the validation split"
     history: list[dict[str, Any]] = []
-    bar = display.bar("pretrain-value", cfg.steps, unit="value steps")
+    bar = display.bar("pretrain-value", steps, unit="value steps")
     runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), rank=rank, then="the run stops (no manifest): rerun `reasonrl pretrain-value`")
     try:
         display.start()
-        status("held-out batch: generate + score")
-        held_groups = _all_groups(held.collect(len(held_rows), step=0, dynamic=False).groups, ranks)  # (training steps are 1..N)
+        if art is not None:
+            held_groups = held_saved  # (every rank: all of them)
+        else:
+            status("held-out batch: generate + score")
+            held_groups = _all_groups(held.collect(len(held_rows), step=0, dynamic=False).groups, ranks)  # (training steps are 1..N)
         status("held-out batch: values before pretraining")
         held_st = learner.prepare(held_groups)
-        before = _picture(learner, held_st, cfg.group_size)
-        say(f"[bold]pretrain-value[/] on {policy_dir} ({len(rows)} prompts, backend {cfg.backend} ×{world}) | bias picture {label} | "
+        before = _picture(learner, held_st, group_size)
+        say(f"[bold]pretrain-value[/] on {policy_dir} ({source}, backend {cfg.backend} ×{world}) | bias picture {label} | "
             f"before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
-        for step in range(1, cfg.steps + 1):
-            status(f"value step {step}: generate + score")
+        for step in range(1, steps + 1):
+            status(f"value step {step}: " + ("saved responses" if art is not None else "generate + score"))
             col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
             if not col.groups:
                 bar.advance()
                 continue
             status(f"value step {step}: values + update critic")
             st = learner.prepare(col.groups, step=step)
-            learner.advantages(st, group_size=cfg.group_size)
+            learner.advantages(st, group_size=group_size)
             # rollout/ and critic/ update metrics are global; the by-position picture is this rank's share
             m = {"step": step, **rollout_metrics(col, None, ranks), **learner.update_critic(st)}
             critic_backend.scheduler_step()
             m.update(position_metrics(st))
             history.append(m)
             runlog.append(m)  # metrics.jsonl, then the trackers (rank 0)
-            say(f"value step {step}/{cfg.steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
+            say(f"value step {step}/{steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
                 f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('rollout/acc_mean', 0):.3f}")
             bar.advance()
         status("held-out batch: values under the trained critic")
         held_st = learner.prepare(held_groups)  # values under the trained critic, same responses
-        after = _picture(learner, held_st, cfg.group_size)
+        after = _picture(learner, held_st, group_size)
     finally:
         display.stop()
         runlog.close()
-        scorer.close()
-        engine.close()
+        for closing in (scorer, engine):
+            if closing is not None:
+                closing.close()
     with run.writing(OUTPUTS) if run is not None else contextlib.nullcontext():
         critic_backend.save_model(out / "critic", tok)  # every rank: ZeRO-3 gathers the shards
-        summary = {"steps": cfg.steps, "before": flatten_metrics(before), "after": flatten_metrics(after), "last": flatten_metrics(history[-1]) if history else {}}
+        summary = {"steps": steps, "before": flatten_metrics(before), "after": flatten_metrics(after), "last": flatten_metrics(history[-1]) if history else {}}
         if rank == 0:
-            bias = {"before": before, "after": after, "held_out": "in-sample" if in_sample else "validation", "held_out_prompts": len(held_groups),
+            bias = {"before": before, "after": after, "held_out": "in-sample" if in_sample else ("rollouts" if art is not None else "validation"), "held_out_prompts": len(held_groups),
                     "held_out_responses": sum(len(g) for g in held_groups)}
+            if art is not None:
+                summary["rollouts"] = {"path": str(art.path), "prompts": len(saved), "held_out_prompts": len(held_saved), "responses": sum(len(g) for g in saved),
+                                       "epochs": round(steps * cfg.prompts_per_step / len(saved), 3), "sampled_by": art.policy}
+                bias["rollouts"] = str(art.path)
             write_json(out / "bias.json", bias)
             write_json(out / "summary.json", summary)
-            write_manifest(out, "pretrain-value", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir)},
-                           extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world, "reward": cfg.reward_record()})
+            inputs = {"rollouts": str(art.path)} if art is not None else {"data": cfg.data}
+            write_manifest(out, "pretrain-value", to_dict(cfg), {**inputs, "policy": str(policy_dir)},
+                           extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world, "reward": reward, "steps": steps,
+                                  **({"sampled_by": art.policy} if art is not None else {})})
     say(f"critic → {out / 'critic'} | {'in-sample' if in_sample else 'held-out'} value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
         f"explained variance {before.get('explained_variance', 0):.3f} → {after.get('explained_variance', 0):.3f}")
     if world > 1:

@@ -1,11 +1,16 @@
-"""`reasonrl rollout`: G responses per prompt from a policy, scored, written as parquet."""
+"""`reasonrl rollout`: G responses per prompt from a policy, scored, written as parquet.
+
+The artifact feeds the next stages: `pretrain-value --rollouts DIR` trains a critic on its responses
+(VC-PPO's offline value pretraining; the manifest names the policy that sampled them, with its
+weights' sha256), and `train --rollouts DIR` keeps only the prompts whose pass rate says there is
+something to learn."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from reasonrl.artifacts import write_json, write_manifest
+from reasonrl.artifacts import hash_weights, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import ModelOpts, ProgressOpts, RolloutOpts, open_generation
@@ -72,7 +77,8 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     }
     with run.writing(outputs):
         write_json(out / "summary.json", summary)
-        write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)}, extra={"reward": cfg.reward_record()})
+        policy = {"path": str(gen.model_dir), "weights_sha256": hash_weights(gen.model_dir)}  # (pretrain-value --rollouts checks it)
+        write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)}, extra={"reward": cfg.reward_record(), "policy": policy})
     errs = f", {summary['reward_errors']} scored -1 because the reward failed (reward_errors)" if summary["reward_errors"] else ""
     console.print(f"rollout: {st.samples} responses, accuracy {summary['accuracy']:.3f}{errs}, {summary['gen_tokens_per_s']:.0f} tok/s → {out / 'rollouts.parquet'}")
     return summary

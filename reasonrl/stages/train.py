@@ -59,6 +59,11 @@ class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts):
     save_every: int = opt(0, "Save a checkpoint every N steps (0: only at the end).")
     keep_last: int = opt(0, "Keep only the newest N checkpoints (0: keep all).")
     max_bad_steps: int = opt(3, "Divergence guard: a step whose loss, gradient norm or values are not finite makes no update; after this many in a row the run stops with an error (the last good checkpoint stays the latest).")
+    rollouts: str = opt("", "Filter the training prompts by their pass rate in this `reasonrl rollout` directory (of the same data): keep those with --min-pass-rate < p < --max-pass-rate.")
+    min_pass_rate: float = opt(0.0, "With --rollouts: drop the prompts whose pass rate is <= this (0: the never solved; -1 keeps them).")
+    max_pass_rate: float = opt(1.0, "With --rollouts: drop the prompts whose pass rate is >= this (1: the always solved; 2 keeps them).")
+    unrated: str = opt("keep", "With --rollouts: 'keep' or 'drop' the training prompts the rollouts do not cover.")
+    skip_solved_epochs: int = opt(0, "Drop a prompt for the rest of the run once every sample of it was correct in this many visits in a row (0 = never); kept in checkpoints.")
     keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
     resume: bool = opt(False, "Continue from the latest checkpoint in out/.")
     overwrite: bool = opt(False, "Replace a finished run in out/.")
@@ -94,6 +99,11 @@ class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts):
         self.algo_spec()  # the row with its overrides must validate
         check(self.save_every >= 0 and self.log_every >= 1, "save_every must be >= 0 and log_every >= 1")
         check(self.peak_flops is None or self.peak_flops >= 0, "peak_flops must be >= 0 (0 turns the bound metrics off)")
+        check(self.min_pass_rate < self.max_pass_rate, f"min_pass_rate ({self.min_pass_rate:g}) must be below max_pass_rate ({self.max_pass_rate:g})")
+        check(self.unrated in ("keep", "drop"), f"unrated must be keep or drop, got '{self.unrated}'")
+        check(bool(self.rollouts) or (self.min_pass_rate, self.max_pass_rate, self.unrated) == (0.0, 1.0, "keep"),
+              "--min-pass-rate, --max-pass-rate and --unrated filter by a rollout artifact's pass rates: give --rollouts DIR too")
+        check(self.skip_solved_epochs >= 0, "skip_solved_epochs must be >= 0 (0 = never)")
 
     def algo_spec(self) -> A.AlgoSpec:
         """The --algo row with this run's overrides applied."""
@@ -120,6 +130,25 @@ def critic_dir(path: str | Path) -> Path:
                                 f"make one with `reasonrl pretrain-value --out DIR` and pass --critic DIR")
         return p
     raise MissingArtifactError(f"{p} holds no critic: run `reasonrl pretrain-value --out {p}` first")
+
+
+def rated_prompts(cfg: TrainConfig, rows: list[dict[str, Any]], tokenizer: Any) -> tuple[list[dict[str, Any]], Any]:
+    """``--rollouts``: the rows its pass rates keep, and the filter's counts. An artifact with no
+    prompt in common with the data, or a filter that keeps nothing, is a one-line error."""
+    from reasonrl.rollouts import load_rollout_artifact, prompt_text
+    from reasonrl.train.prompt_filter import filter_prompts
+
+    art = load_rollout_artifact(cfg.rollouts, option="--rollouts")
+    rates = art.pass_rates()
+    kept, counts = filter_prompts(rows, lambda r: prompt_text(r, tokenizer), rates, min_rate=cfg.min_pass_rate, max_rate=cfg.max_pass_rate,
+                                  unrated=cfg.unrated)
+    if counts.unrated == counts.prompts:
+        raise ReasonRLError(f"--rollouts {art.path} shares no prompt with --data {cfg.data} (other data, or another chat template): "
+                            f"run `reasonrl rollout --data {cfg.data} --model {cfg.model}` and pass its directory")
+    if not kept:
+        raise ReasonRLError(f"--rollouts {art.path}: no prompt has {cfg.min_pass_rate:g} < pass rate < {cfg.max_pass_rate:g} ({counts.dropped_solved} "
+                            f"solved, {counts.dropped_unsolved} unsolved): widen --min-pass-rate / --max-pass-rate")
+    return kept, counts
 
 
 def fitting_prompts(rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, console: Any) -> list[dict[str, Any]]:
@@ -256,13 +285,19 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     rank, world = start_ranks(cfg)
     tok = load_tokenizer(policy_dir)
     rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
+    rated = None
+    if cfg.rollouts:
+        rows, rated = rated_prompts(cfg, rows, tok)
+        if rank == 0:
+            console.print(f"--rollouts {cfg.rollouts}: {rated.line()}")
     ckpt, run = None, None
     reward = cfg.reward_record()  # (the plug-in file's sha256 as the run starts: a --resume refuses another file)
     settings = {**to_dict(cfg), "reward_file_sha256": reward["sha256"]}
     if rank == 0 and cfg.resume:
         _check_same_reward(out, reward)
     if rank == 0:  # rank 0 holds the run directory for the whole job
-        run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings, inputs=(cfg.data, cdir))
+        run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings,
+                              inputs=(cfg.data, cdir, cfg.rollouts or None))
     if world > 1:
         torch.distributed.barrier()
         ckpt = latest_checkpoint(out) if cfg.resume else None
@@ -281,7 +316,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         critic = critic.to(device)
         critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
     policy_backend = make_backend(cfg, policy, cfg.lr, dtype)
-    stream = DataStream(rows, cfg.seed)
+    stream = DataStream(rows, cfg.seed, skip_solved=cfg.skip_solved_epochs)
     start, val_state = 0, None
     if ckpt:
         st = json.loads((ckpt / "trainer_state.json").read_text())
@@ -438,9 +473,13 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             if best is not None:
                 summary["best"] = best.state()
                 summary["early_stopped"] = best.stop
+            prompts = {"prompts": len(rows), **({"rollouts_filter": rated.as_dict()} if rated is not None else {}),
+                       **({"retired_solved": len(stream.retired)} if cfg.skip_solved_epochs else {})}
+            summary["prompts"] = prompts
             write_json(out / "summary.json", summary)
-            write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None},
-                           extra={"algo": dataclasses.asdict(spec), "reward": reward, "outputs": ["policy/", "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
+            write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None,
+                                                        "rollouts": cfg.rollouts or None},
+                           extra={"algo": dataclasses.asdict(spec), "reward": reward, "prompts": prompts, "outputs": ["policy/", "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
                                                                                 "checkpoints/", "summary.json",
                                                                                 *(["best/"] if best is not None and best.step is not None else [])]})
     if world > 1:

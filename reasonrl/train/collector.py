@@ -37,10 +37,17 @@ from reasonrl.train.ranks import Ranks, mix
 
 
 class DataStream:
-    """Prompts in a seeded order, epoch after epoch; its position is saved in checkpoints."""
+    """Prompts in a seeded order, epoch after epoch; its position is saved in checkpoints.
 
-    def __init__(self, rows: Sequence[dict[str, Any]], seed: int) -> None:
+    ``skip_solved`` K > 0 (``train --skip-solved-epochs``): a row every sample of which was correct
+    in K visits in a row (:meth:`visit`) is retired, skipped by every later draw for the rest of the
+    run. The streaks and the retired rows are part of :meth:`state`, so a resumed run skips the same."""
+
+    def __init__(self, rows: Sequence[Any], seed: int, *, skip_solved: int = 0) -> None:
         self.rows, self.seed, self.epoch, self.pos = list(rows), seed, 0, 0
+        self.skip_solved = skip_solved
+        self.streak: dict[int, int] = {}  # row → visits in a row with every sample correct
+        self.retired: set[int] = set()
         self._order = self._perm()
 
     def _perm(self) -> list[int]:
@@ -50,10 +57,15 @@ class DataStream:
 
     @property
     def drawn(self) -> int:
-        """How many rows were drawn so far (the next row's draw index)."""
+        """How many draws were made so far (the next row's draw index)."""
         return self.epoch * len(self.rows) + self.pos
 
-    def take(self, k: int) -> tuple[list[dict[str, Any]], list[int]]:
+    def take(self, k: int) -> tuple[list[Any], list[int]]:
+        if self.retired and len(self.retired) >= len(self.rows):
+            from reasonrl.errors import ReasonRLError
+
+            raise ReasonRLError(f"every one of the {len(self.rows)} prompts was solved in {self.skip_solved} visits in a row and is retired "
+                                "(--skip-solved-epochs): nothing is left to train on; raise --skip-solved-epochs or train on harder data")
         out, idx = [], []
         while len(out) < k:
             if self.pos >= len(self._order):
@@ -61,15 +73,31 @@ class DataStream:
                 self._order = self._perm()
             i = self._order[self.pos]
             self.pos += 1
+            if i in self.retired:
+                continue
             out.append(self.rows[i])
             idx.append(i)
         return out, idx
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
+    def visit(self, row: int, all_correct: bool) -> None:
+        """Row ``row`` was sampled: every sample correct or not (with ``skip_solved``; else a no-op)."""
+        if not self.skip_solved:
+            return
+        self.streak[row] = self.streak.get(row, 0) + 1 if all_correct else 0
+        if self.streak[row] >= self.skip_solved:
+            self.retired.add(row)
 
-    def load(self, st: dict[str, int]) -> None:
+    def state(self) -> dict[str, Any]:
+        st: dict[str, Any] = {"epoch": self.epoch, "pos": self.pos}
+        if self.skip_solved:
+            st["streak"] = sorted([i, n] for i, n in self.streak.items() if n)
+            st["retired"] = sorted(self.retired)
+        return st
+
+    def load(self, st: dict[str, Any]) -> None:
         self.epoch, self.pos = int(st["epoch"]), int(st["pos"])
+        self.streak = {int(i): int(n) for i, n in st.get("streak", [])}
+        self.retired = {int(i) for i in st.get("retired", [])}
         self._order = self._perm()
 
 
@@ -87,6 +115,7 @@ class Collected:
     kept_groups: int = 0
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
+    retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
 
     @property
     def short(self) -> bool:
@@ -137,9 +166,9 @@ class Collector:
         while need > 0 and out.rounds < (self.max_rounds if dynamic else 1):
             k = math.ceil(need * (self.oversample if dynamic else 1.0))
             start = self.stream.drawn
-            rows, _ = self.stream.take(k)
+            rows, row_ids = self.stream.take(k)
             share = list(range(rank, k, world))
-            draws = [start + p for p in share]
+            draws = [start + p for p in share]  # (unique: retired rows skipped advance the stream further)
             params = dataclasses.replace(self.sampling, seeds=tuple(mix(self.seed, step, out.rounds, d) for d in draws))
             groups, st = generate_rollouts(self.engine, self.tok, self.scorer, [rows[p] for p in share], params,
                                            max_prompt_len=self.max_prompt_len, group_ids=draws)
@@ -152,6 +181,8 @@ class Collector:
             facts = [(g[0].group, rank, sum(s.correct for s in g), len(g), inf) for g, inf in zip(groups, informative)]
             everyone = sorted(f for part in self.ranks.gather(facts) for f in part)
             out.generated_groups += len(everyone)
+            for draw, _, n_corr, size, _ in everyone:  # (--skip-solved-epochs: every rank keeps the same streaks)
+                self.stream.visit(row_ids[draw - start], n_corr == size)
             for draw, owner, n_corr, size, useful in everyone:
                 if dynamic and not useful:
                     out.dropped_all_correct += int(n_corr == size)
@@ -167,6 +198,7 @@ class Collector:
             for smp in g:
                 smp.kept = g[0].group in chosen
         out.kept_groups = len(selected)
+        out.retired = len(self.stream.retired) if self.stream.skip_solved else None
         out.groups = self._share(selected, mine)
         return out
 
@@ -195,3 +227,24 @@ class Collector:
         while len(share) < quota:
             share.append([dataclasses.replace(s, pad=True, kept=False) for s in template])
         return share
+
+
+class Replay:
+    """Saved groups (a rollout artifact's) served as steps' batches, in place of a :class:`Collector`:
+    ``n`` groups per step in a seeded order, epoch after epoch (a :class:`DataStream` over the
+    groups), each rank its share ``groups[rank::world]``; a rank left short by an ``n`` that does not
+    divide gets a padding copy (no loss, no metric). Nothing is generated or scored: the samples keep
+    the rewards they were saved with."""
+
+    def __init__(self, groups: Sequence[list[Sample]], seed: int, ranks: Ranks | None = None) -> None:
+        self.stream, self.ranks = DataStream(groups, seed), ranks or Ranks()
+
+    def collect(self, n_prompts: int, *, step: int = 0, dynamic: bool | None = None) -> Collected:
+        groups, _ = self.stream.take(n_prompts)
+        rank, world = self.ranks.rank, self.ranks.world
+        share = groups[rank::world]
+        while len(share) < math.ceil(n_prompts / world):
+            share.append([dataclasses.replace(s, pad=True, kept=False) for s in groups[0]])
+        real = [s for g in share for s in g if not s.pad]
+        stats = RolloutStats(prompts=sum(not g[0].pad for g in share), samples=len(real), gen_tokens=sum(s.length for s in real))
+        return Collected(groups=share, stats=stats, generated=real, rounds=0, wanted=n_prompts, generated_groups=n_prompts, kept_groups=n_prompts)

@@ -69,6 +69,8 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
         "rollout/verifier_errors": int(errors),
         "rollout/reward_errors": int(rerr),
     })
+    if col.retired is not None:
+        m["rollout/retired_prompts"] = col.retired  # (--skip-solved-epochs)
     if st is not None:
         m["actor/entropy"] = ent_sum / ent_n if ent_n else 0.0
     return m
