@@ -178,6 +178,17 @@ class BackendOpts:
         check(micro_batch_size <= mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({mini_batch_size // world})")
 
 
+@dataclass
+class ScheduleOpts:
+    """The learning-rate schedule of the stages that train (pretrain-value, train), for every model
+    they train (``reasonrl.train.backend.lr_factor``)."""
+
+    warmup_steps: int = opt(0, "Linear LR warm-up, in training steps (DAPO: 20): step k of the warm-up runs at k / N of the LR.")
+
+    def _check_schedule(self) -> None:
+        check(self.warmup_steps >= 0, "warmup_steps must be >= 0")
+
+
 def start_ranks(cfg: BackendOpts) -> tuple[int, int]:
     """(rank, world size): the launcher's process group for DeepSpeed (joined here, each rank on its
     GPU), else (0, 1)."""

@@ -18,9 +18,28 @@ import torch
 from reasonrl.devices import autocast_ctx
 
 
-def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
-    """DAPO's schedule: linear warm-up over ``warmup_steps`` training steps, then constant."""
-    return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+LR_SCHEDULES = ("constant",)
+"""The learning-rate schedules a training stage takes (``--lr-schedule``)."""
+
+
+def lr_factor(step: int, *, schedule: str = "constant", warmup_steps: int = 0) -> float:
+    """The LR multiplier after ``step`` scheduler steps (the LR of training step ``step + 1`` is
+    ``lr * lr_factor(step)``): a pure function of the step, so a resumed run rebuilds it from its
+    settings and gets the same numbers.
+
+    Warm-up (every schedule), W = ``warmup_steps`` > 0: ``(step + 1) / W`` for step < W (training
+    step k of the warm-up runs at k/W of the LR, none at 0). Then ``constant``: 1 (DAPO's schedule).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return 1.0
+
+
+def lr_lambda(schedule: str = "constant", *, warmup_steps: int = 0) -> Callable[[int], float]:
+    """:func:`lr_factor` as a ``LambdaLR`` lambda. A plain function, so ``LambdaLR.state_dict``
+    saves none of it: only the step count is checkpointed and the schedule is rebuilt from the run's
+    settings."""
+    return lambda s: lr_factor(s, schedule=schedule, warmup_steps=warmup_steps)
 
 
 class TrainingBackend(Protocol):
@@ -44,7 +63,7 @@ class TrainingBackend(Protocol):
 
 
 class TorchBackend:
-    """Single process: AdamW, grad-norm clipping, warm-up then constant LR, bf16 autocast."""
+    """Single process: AdamW, grad-norm clipping, the LR schedule of :func:`lr_factor`, bf16 autocast."""
 
     rank = 0
     world_size = 1
@@ -56,7 +75,7 @@ class TorchBackend:
         self.dtype = dtype
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup_steps=warmup_steps))
 
     def step(self, micro_batches: Sequence[Any], loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
