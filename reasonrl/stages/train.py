@@ -261,6 +261,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     settings = {**to_dict(cfg), "reward_file_sha256": reward["sha256"]}
     if rank == 0 and cfg.resume:
         _check_same_reward(out, reward)
+        cfg.check_resumed_schedule(out, cfg.steps)
     if rank == 0:  # rank 0 holds the run directory for the whole job
         run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings, inputs=(cfg.data, cdir))
     if world > 1:

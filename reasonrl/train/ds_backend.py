@@ -176,7 +176,8 @@ class DeepSpeedBackend:
     """ZeRO-2/3 data parallel: AdamW, grad-norm clipping, the LR schedule of ``lr_factor``, bf16 mixed precision."""
 
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999), grad_clip: float,
-                 warmup_steps: int, dtype: str, zero: int = 2, offload: bool = False, micro_batch_size: int = 1) -> None:
+                 warmup_steps: int, dtype: str, zero: int = 2, offload: bool = False, micro_batch_size: int = 1,
+                 lr_schedule: str = "constant", total_steps: int = 0, min_lr_ratio: float = 0.0) -> None:
         deepspeed = _import_deepspeed()
         import torch.distributed as dist
 
@@ -192,7 +193,8 @@ class DeepSpeedBackend:
         # On the torch optimizer: ZeRO keeps its param_groups (the same dicts), so the LR the
         # scheduler writes is the LR the engine's step uses. Not handed to the engine, which would
         # step it on every optimizer step.
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(warmup_steps=warmup_steps))
+        schedule = lr_lambda(lr_schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.config, dist_init_required=False)
         self.model = self.engine.module
         self.device = torch.device(self.engine.device)
