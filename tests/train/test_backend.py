@@ -33,11 +33,16 @@ def test_cosine_warmup_mid_end_and_floor(warmup: int, total: int, m: float) -> N
 @pytest.mark.parametrize("warmup,total,m", [(0, 20, 0.1), (4, 20, 0.1), (3, 11, 0.0)])
 def test_cosine_is_openrlhfs_cosine_with_min_lr_after_the_warmup(warmup: int, total: int, m: float) -> None:
     """OpenRLHF: get_scheduler("cosine_with_min_lr", num_warmup_steps=W, num_training_steps=T, min_lr=0.1 * lr)."""
-    from transformers.optimization import _get_cosine_schedule_with_warmup_lr_lambda as openrlhf
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-    for s in range(warmup, total + 1):
-        want = openrlhf(s, num_warmup_steps=warmup, num_training_steps=total, num_cycles=0.5, min_lr_rate=m)
-        assert lr_factor(s, schedule="cosine", warmup_steps=warmup, total_steps=total, min_lr_ratio=m) == pytest.approx(want, rel=1e-12, abs=1e-15)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = get_cosine_with_min_lr_schedule_with_warmup(opt, num_warmup_steps=warmup, num_training_steps=total, min_lr_rate=m)
+    for s in range(total + 1):
+        if s >= warmup:  # (its warm-up is s / W: the first step at LR 0)
+            want = opt.param_groups[0]["lr"]
+            assert lr_factor(s, schedule="cosine", warmup_steps=warmup, total_steps=total, min_lr_ratio=m) == pytest.approx(want, rel=1e-12, abs=1e-15)
+        opt.step()
+        sched.step()
     # the formula, written out: m + (1 - m) (1 + cos(pi p)) / 2
     s = warmup + 3
     p = (s - warmup) / (total - warmup)
