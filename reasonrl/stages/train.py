@@ -307,6 +307,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                                overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds)
     learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, policy=policy, policy_backend=policy_backend,
                            critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
+    if ckpt:  # (the adaptive entropy coefficient)
+        learner.load_state(json.loads((ckpt / "trainer_state.json").read_text()).get("learner"))
     validator = Validator(val_rows, tok, scorer, ranks, n=cfg.val_n, temperature=cfg.val_temperature, top_p=cfg.val_top_p, top_k=-1,
                           max_tokens=val_len, max_prompt_len=cfg.max_prompt_len, ks=[1], seed=cfg.seed, n_boot=cfg.val_bootstrap) if cfg.val_every else None
     best = Best(cfg.save_best, cfg.early_stop_patience) if cfg.save_best else None
@@ -373,7 +375,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                     display.status("save checkpoint")
                     save_checkpoint(out, progress.finished, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
                                     data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
-                                    val_state=best.state() if best is not None else None)
+                                    val_state=best.state() if best is not None else None, learner_state=learner.state())
                     progress.saved, progress.written = progress.finished, True
                 break
             m = res.metrics
@@ -408,7 +410,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 display.status("save checkpoint")
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
                                 data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
-                                val_state=best.state() if best is not None else None)
+                                val_state=best.state() if best is not None else None, learner_state=learner.state())
                 progress.saved, progress.written = step, stopping
             if early and rank == 0:
                 display.print(f"early stop at step {step}: {cfg.save_best} has not beaten {best.value:.4f} (step {best.step}) "
