@@ -1,6 +1,7 @@
 """`reasonrl train` with the knobs ported from peers' recipes: an entropy bonus, Skywork-OR1's
 adaptive entropy target and a cosine LR schedule, their metrics, and a run resumed from a
-checkpoint equal to the uninterrupted one (the controller's state and the schedule included)."""
+checkpoint equal to the uninterrupted one (the controller's state and the schedule included);
+`pretrain-value` with the schedule."""
 
 from __future__ import annotations
 
@@ -81,3 +82,17 @@ def test_fixed_entropy_bonus_on_the_cli(prepared, tiny_model, tmp_path):
     assert m["actor/lr"] == 1e-6  # the default schedule: constant, no warm-up
     r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "bad", "--entropy-target", "0.2", "--entropy-coef", "0.01")
     assert_user_error(r, "entropy_coef 0.01", "entropy_coef_max 0.005")
+
+
+def test_pretrain_value_takes_the_schedule(prepared, tiny_model, tmp_path):
+    from reasonrl.train.backend import lr_factor
+
+    out = tmp_path / "critic"
+    r = run_cli("pretrain-value", "--model", tiny_model, "--data", prepared, "--out", out, "--steps", "3", "--prompts-per-step", "2", "--eval-prompts", "2",
+                "--mini-batch-size", "8", "--micro-batch-size", "4", "--engine", "hf", "--dtype", "fp32", "--group-size", "4", "--max-response-len", "8",
+                "--critic-lr", "1e-4", "--lr-schedule", "cosine", "--min-lr-ratio", "0", "--warmup-ratio", "0.3")
+    assert r.exit_code == 0, r.output
+    lrs = [m["critic/lr"] for m in _lines(out)]
+    # --warmup-ratio 0.3 of 3 steps: ceil(0.9) = 1 warm-up step; then the cosine to 0 at step 3
+    assert lrs == pytest.approx([1e-4 * lr_factor(s, schedule="cosine", warmup_steps=1, total_steps=3, min_lr_ratio=0.0) for s in range(3)], rel=1e-12)
+    assert lrs[0] == lrs[1] == 1e-4 and 0 < lrs[2] < 1e-4
