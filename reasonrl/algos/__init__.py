@@ -17,6 +17,7 @@ from reasonrl.algos.advantages import (
     outcome_token_rewards,
 )
 from reasonrl.algos.aggregation import AGG_MODES, aggregate
+from reasonrl.algos.entropy import adaptive_entropy_coef, entropy_bonus
 from reasonrl.algos.kl import KL_ESTIMATORS, kl_penalty
 from reasonrl.algos.logits import Sampling, entropy_from_logits, logprobs_from_logits, sampling_logits
 from reasonrl.algos.losses import (
@@ -65,6 +66,9 @@ __all__ = [
     "value_loss",
     "kl_penalty",
     "KL_ESTIMATORS",
+    # entropy regularisation
+    "entropy_bonus",
+    "adaptive_entropy_coef",
     # logits
     "entropy_from_logits",
     "logprobs_from_logits",

@@ -1,9 +1,10 @@
 """The policy's objective on a batch of tokens: the policy loss of the algo's row, plus the KL
-penalty against a reference policy when it is a loss term, plus VAPO's positive-example NLL.
+penalty against a reference policy when it is a loss term, minus the entropy bonus, plus VAPO's
+positive-example NLL.
 
-    J = L_policy(r, A) + beta * agg(KL(pi || pi_ref)) + mu * L_NLL(correct responses)
+    J = L_policy(r, A) + beta * agg(KL(pi || pi_ref)) - alpha * agg(H) + mu * L_NLL(correct responses)
 
-Each term is a formula of its own module (``losses``, ``kl``, ``aggregation``); this only composes
+Each term is a formula of its own module (``losses``, ``kl``, ``entropy``, ``aggregation``); this only composes
 them the way the trainer applies them, so the combination reads in one place.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from reasonrl.algos.aggregation import aggregate
+from reasonrl.algos.entropy import entropy_bonus
 from reasonrl.algos.kl import kl_penalty
 from reasonrl.algos.losses import POLICY_LOSSES, LossParams, PolicyLossOutput, positive_example_nll
 from reasonrl.algos.masked import pick
@@ -23,12 +25,13 @@ __all__ = ["PolicyObjective", "policy_objective"]
 
 @dataclass
 class PolicyObjective:
-    """What :func:`policy_objective` returns. ``loss``: the policy loss plus the KL term (the part
-    aggregated over this call's tokens, so a micro-batch weighs it by its share of the mini-batch);
-    ``nll``: mu * L_NLL, already normalised by the given denominator (added unweighted; None when
-    mu = 0); ``metrics``: the policy loss's (``pg_loss`` is then the policy loss plus the KL term),
-    with ``kl_ref`` when the KL term is on; ``nll_metrics``: ``nll_loss``; ``policy``: the policy
-    loss's own output (its detached ratio and clip masks)."""
+    """What :func:`policy_objective` returns. ``loss``: the policy loss plus the KL and entropy
+    terms (the part aggregated over this call's tokens, so a micro-batch weighs it by its share of
+    the mini-batch); ``nll``: mu * L_NLL, already normalised by the given denominator (added
+    unweighted; None when mu = 0); ``metrics``: the policy loss's (``pg_loss`` is then the policy
+    loss plus the KL and entropy terms), with ``kl_ref`` when the KL term is on and
+    ``entropy_loss`` (-alpha * agg(H)) when the bonus is; ``nll_metrics``: ``nll_loss``;
+    ``policy``: the policy loss's own output (its detached ratio and clip masks)."""
 
     loss: Tensor
     nll: Tensor | None
@@ -40,7 +43,7 @@ class PolicyObjective:
 def policy_objective(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, *, loss: str, params: LossParams, agg: str,
                      max_len: int | None = None, is_weights: Tensor | None = None, ref_logp: Tensor | None = None, kl_coef: float = 0.0,
                      kl_kind: str = "k3", pos_lm_coef: float = 0.0, correct: Tensor | None = None,
-                     nll_denominator: float | Tensor | None = None) -> PolicyObjective:
+                     nll_denominator: float | Tensor | None = None, entropy: Tensor | None = None, entropy_coef: float = 0.0) -> PolicyObjective:
     """The policy objective J above, its terms and their metrics.
 
     Args:
@@ -50,6 +53,9 @@ def policy_objective(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: T
             ``kl_coef`` (beta) > 0, estimated by ``kl_kind`` and aggregated with ``agg``.
         pos_lm_coef: mu (> 0 turns the NLL term on); ``correct``: (B,) bool, the responses it
             imitates; ``nll_denominator``: its D (``positive_example_nll``).
+        entropy: (B, T) the sampling distribution's entropy at each token, with grad; the bonus is
+            on when it is given and ``entropy_coef`` (alpha) > 0, aggregated with ``agg``
+            (``entropy_bonus``).
     """
     out = pick(POLICY_LOSSES, loss, "policy loss")(logp, logp_old, advantages, mask, params=params, agg=agg, max_len=max_len,
                                                      is_weights=is_weights)
@@ -58,6 +64,10 @@ def policy_objective(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: T
         kl_loss = aggregate(kl_penalty(logp, ref_logp, kl_kind), mask, agg, max_len=max_len)
         total = total + kl_coef * kl_loss
         m["kl_ref"] = float(kl_loss.detach())
+    if entropy_coef > 0 and entropy is not None:
+        ent_term, ent_m = entropy_bonus(entropy, mask, coef=entropy_coef, agg=agg, max_len=max_len)
+        total = total + ent_term
+        m.update(ent_m)
     m["pg_loss"] = float(total.detach())
     nll, nll_m = None, {}
     if pos_lm_coef > 0:

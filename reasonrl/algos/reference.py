@@ -221,6 +221,31 @@ def entropy(logits_row: list[float]) -> float:
     return -sum(p * math.log(p) for p in ps if p > 0)
 
 
+def entropy_bonus(entropy_mat: Matrix, mask: Matrix, coef: float, mode: str, max_len: int | None = None) -> tuple[float, Matrix]:
+    """-coef * agg(H) and its gradient w.r.t. each token's entropy (-coef times the token's weight)."""
+    w = agg_weights(mask, mode, max_len)
+    loss = -coef * sum(w[i][t] * entropy_mat[i][t] for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t])
+    return loss, [[-coef * w[i][t] for t in range(len(mask[i]))] for i in range(len(mask))]
+
+
+def adaptive_entropy_control(coef0: float, entropies: list[float], target: float, delta: float, coef_max: float) -> list[float]:
+    """Skywork-OR1's controller run over steps: the coefficient each step applies (the bonus is on
+    at step 1, as Skywork-OR1 starts it; then only after a step whose entropy was below the target)."""
+    alpha, on, applied = coef0, True, []
+    for e in entropies:
+        applied.append(alpha if on else 0.0)
+        if e < target:
+            alpha = alpha + delta
+        else:
+            alpha = alpha - delta
+        if alpha < 0.0:
+            alpha = 0.0
+        if alpha > coef_max:
+            alpha = coef_max
+        on = e < target
+    return applied
+
+
 def kl(logp: float, logp_ref: float, kind: str) -> float:
     if kind == "k1":
         return logp - logp_ref

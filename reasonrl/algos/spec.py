@@ -12,7 +12,8 @@ row (or ``get_algo(name).replace(...)``), never new control flow in the trainer.
 | drgrpo | grpo (no std)    | no     | -                   | ppo-clip    | 0.2 / 0.2    | seq-mean-token-sum-norm | no | no / no                 | 0  | 0        |
 | vapo   | gae              | yes*   | 1-1/(0.05 l) / 1.0  | ppo-clip    | 0.2 / 0.28   | token-mean              | no | no / no                 | 0  | 0.1      |
 
-(* value pretraining required first.) gamma = 1.0 everywhere. ``clip-cov`` and ``kl-cov`` are
+(* value pretraining required first.) gamma = 1.0 everywhere; no row has an entropy bonus
+(``entropy_coef`` 0, ``entropy_target`` None: ``--entropy-coef``, ``--entropy-target`` turn them on). ``clip-cov`` and ``kl-cov`` are
 policy losses any row can take (``--policy-loss clip-cov``); Clip-Cov's authors run it with clip
 ratios 1 / 1 (range [0, 2]: the covariance cut instead of PPO's clip) on GRPO advantages,
 token-mean, with dynamic sampling: ``--algo grpo --policy-loss clip-cov --eps-low 1 --eps-high 1
@@ -95,6 +96,16 @@ class AlgoSpec:
     pos_lm_coef: float = _f(
         0.0, "Weight mu of the positive-example LM loss: NLL of the correct responses' tokens, token-mean over them, added to the policy loss (VAPO: 0.1; 0: off)."
     )
+    entropy_coef: float = _f(
+        0.0, "Entropy bonus alpha: the policy loss minus alpha * agg(H), H the entropy of the sampling distribution at each counted token, "
+        "aggregated as loss_agg (verl's entropy_coeff, OpenRLHF's --entropy_loss_coef; 0: off). With entropy_target: the adaptive coefficient's start."
+    )
+    entropy_target: float | None = _f(
+        None, "Adaptive entropy control (Skywork-OR1, arXiv 2505.22312): after each step alpha moves by entropy_coef_delta, up while the batch's "
+        "mean token entropy is below this target, down (to 0) above it, and the bonus applies only after a step below it (None: off; Skywork-OR1: 0.2)."
+    )
+    entropy_coef_delta: float = _f(1e-4, "Adaptive entropy control: alpha's change per step (Skywork-OR1's scripts: 1e-4).")
+    entropy_coef_max: float = _f(5e-3, "Adaptive entropy control: alpha's cap, alpha in [0, entropy_coef_max] (Skywork-OR1's scripts: 5e-3).")
     loss_agg: str = _f(
         "token-mean",
         "Loss aggregation, a key of AGG_MODES: 'token-mean' (DAPO), 'seq-mean-token-mean' (GRPO), "
@@ -152,6 +163,14 @@ class AlgoSpec:
             bad(str(e))
         if self.pos_lm_coef < 0:
             bad(f"pos_lm_coef must be >= 0, got {self.pos_lm_coef}")
+        if self.entropy_coef < 0:
+            bad(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        if self.entropy_target is not None and self.entropy_target < 0:
+            bad(f"entropy_target must be >= 0 (an entropy, in nats) or None, got {self.entropy_target}")
+        if self.entropy_coef_delta <= 0 or self.entropy_coef_max < 0:
+            bad(f"need entropy_coef_delta > 0 and entropy_coef_max >= 0, got {self.entropy_coef_delta}, {self.entropy_coef_max}")
+        if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
+            bad(f"entropy_coef {self.entropy_coef} (the adaptive coefficient's start) exceeds entropy_coef_max {self.entropy_coef_max}: lower it or raise the cap")
         if self.policy_loss not in POLICY_LOSSES:
             bad(f"policy_loss must be one of {', '.join(POLICY_LOSSES)}, got '{self.policy_loss}'")
         if self.loss_agg not in AGG_MODES:

@@ -178,6 +178,51 @@ class BackendOpts:
         check(micro_batch_size <= mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({mini_batch_size // world})")
 
 
+@dataclass
+class ScheduleOpts:
+    """The learning-rate schedule of the stages that train (pretrain-value, train), for every model
+    they train, over their ``steps`` (``reasonrl.train.backend.lr_factor``)."""
+
+    lr_schedule: str = opt("constant", "LR schedule after the warm-up: 'constant' (DAPO) or 'cosine', from the LR down to --min-lr-ratio × LR at --steps "
+                                       "(OpenRLHF's default, cosine_with_min_lr).")
+    min_lr_ratio: float = opt(0.1, "Cosine schedule: the LR it decays to, as a fraction of the LR, in [0, 1] (OpenRLHF: 0.1); 'constant' ignores it.")
+    warmup_steps: int = opt(0, "Linear LR warm-up, in training steps (DAPO: 20): step k of the warm-up runs at k / N of the LR.")
+    warmup_ratio: float = opt(0.0, "Linear LR warm-up as a fraction of --steps, rounded up, in [0, 1) (OpenRLHF's --lr_warmup_ratio: 0.03); instead of --warmup-steps.")
+
+    def _check_schedule(self) -> None:
+        from reasonrl.train.backend import LR_SCHEDULES
+
+        check(self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got '{self.lr_schedule}'")
+        check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1] (a fraction of the LR), got {self.min_lr_ratio}")
+        check(self.warmup_steps >= 0, "warmup_steps must be >= 0")
+        check(0.0 <= self.warmup_ratio < 1.0, f"warmup_ratio must be in [0, 1) (a fraction of --steps), got {self.warmup_ratio}")
+        check(not (self.warmup_steps and self.warmup_ratio), f"--warmup-steps {self.warmup_steps} and --warmup-ratio {self.warmup_ratio} both set: "
+                                                             "give the warm-up one way, in steps or as a fraction of --steps")
+
+    def schedule(self, steps: int) -> dict[str, Any]:
+        """The backends' schedule arguments for a run of ``steps`` steps (the warm-up in steps)."""
+        warmup = math.ceil(self.warmup_ratio * steps) if self.warmup_ratio else self.warmup_steps
+        return {"lr_schedule": self.lr_schedule, "warmup_steps": warmup, "total_steps": steps, "min_lr_ratio": self.min_lr_ratio}
+
+    def check_resumed_schedule(self, out: Path, steps: int) -> None:
+        """A --resume of the run in ``out`` with another ``steps`` than it started with, where the
+        schedule spans the steps (cosine, a warm-up ratio): one line (the LR of every step would
+        change, the steps already run included). An unreadable config.json is left to the run's
+        settings check."""
+        import json
+
+        from reasonrl.errors import ReasonRLError
+
+        try:
+            old = json.loads((out / "config.json").read_text(encoding="utf-8")).get("steps")
+        except (OSError, ValueError, AttributeError):
+            return
+        if isinstance(old, int) and old != steps and (self.lr_schedule != "constant" or self.warmup_ratio):
+            what = f"--lr-schedule {self.lr_schedule}" if self.lr_schedule != "constant" else f"--warmup-ratio {self.warmup_ratio:g}"
+            raise ReasonRLError(f"--resume with --steps {steps}, the run's is {old}: its {what} spans --steps, so the LR of every step would change; "
+                                f"resume with --steps {old}, or start over with --overwrite")
+
+
 def start_ranks(cfg: BackendOpts) -> tuple[int, int]:
     """(rank, world size): the launcher's process group for DeepSpeed (joined here, each rank on its
     GPU), else (0, 1)."""
@@ -189,9 +234,9 @@ def start_ranks(cfg: BackendOpts) -> tuple[int, int]:
 
 
 def make_backend(cfg: Any, model: Any, lr: float, dtype: str) -> Any:
-    """The backend ``cfg.backend`` names for ``model`` (``cfg``: BackendOpts plus the optimiser's
-    ``weight_decay``, ``grad_clip``, ``warmup_steps`` and ``micro_batch_size``)."""
-    common = dict(lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, warmup_steps=cfg.warmup_steps, dtype=dtype)
+    """The backend ``cfg.backend`` names for ``model`` (``cfg``: BackendOpts and ScheduleOpts plus the
+    optimiser's ``weight_decay``, ``grad_clip``, and ``steps`` and ``micro_batch_size``)."""
+    common = dict(lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, dtype=dtype, **cfg.schedule(cfg.steps))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.backend == "deepspeed":

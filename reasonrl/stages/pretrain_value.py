@@ -45,6 +45,7 @@ from reasonrl.rundir import open_output, releases_claims
 from reasonrl.tracking.base import TRACKER_OUTPUTS
 from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
                                       training_rows)
+from reasonrl.stages.options import ScheduleOpts
 
 
 #: What `pretrain-value` writes in its directory (a rerun removes them first; the manifest comes last).
@@ -52,7 +53,7 @@ OUTPUTS = ("critic", "metrics.jsonl", "bias.json", "summary.json", *TRACKER_OUTP
 
 
 @dataclass
-class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
+class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/critic", "Output directory: critic/ (HF directory), metrics.jsonl, bias.json, manifest.json.")
     critic_init: str | None = opt(None, "Initialise the value model from this directory (e.g. a reward model); default: the policy's backbone.")
@@ -61,7 +62,6 @@ class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
     mini_batch_size: int = opt(64, "Responses per critic optimizer update over all processes.")
     micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process.")
     critic_lr: float = opt(1e-5, "Critic learning rate (AdamW).")
-    warmup_steps: int = opt(0, "Linear LR warm-up in steps, then constant.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
     lam_actor: float = opt(A.ALGOS["vcppo"].lam_actor, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
@@ -80,6 +80,7 @@ class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts):
         check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
         check(self.micro_batch_size <= self.mini_batch_size, "micro_batch_size cannot exceed mini_batch_size")
         check(self.critic_lr > 0, "critic_lr must be > 0")
+        self._check_schedule()
         check(0 <= self.lam_actor <= 1, "lam_actor must be in [0, 1]")
         check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
         check(self.epochs is None or self.epochs >= 1, "epochs must be >= 1")

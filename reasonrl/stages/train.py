@@ -32,10 +32,11 @@ from reasonrl.perf import StepPerf
 from reasonrl.rundir import releases_claims
 from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts, make_backend, make_collector, make_learner,
                                       start_ranks, training_rows, validation_rows)
+from reasonrl.stages.options import ScheduleOpts
 
 
 @dataclass
-class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts):
+class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, ValOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, validation.jsonl (with --val-every), checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in docs/algorithms.md).")
@@ -52,7 +53,6 @@ class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts):
     ppo_epochs: int = opt(1, "Passes over the step's batch.")
     lr: float = opt(1e-6, "Policy learning rate (AdamW; DAPO: 1e-6).")
     critic_lr: float = opt(1e-5, "Critic learning rate.")
-    warmup_steps: int = opt(0, "Linear LR warm-up, in training steps (DAPO: 20), then constant.")
     weight_decay: float = opt(0.1, "AdamW weight decay.")
     grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
     overlong_cache_len: int | None = opt(None, "Soft overlong punishment buffer L_cache (DAPO: 4096 of 20480): punishment starts at max_response_len − overlong_cache_len; default max_response_len // 5, the paper's ratio.")
@@ -84,7 +84,7 @@ class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts):
         check(0 < self.lr < math.inf and 0 < self.critic_lr < math.inf, "lr and critic_lr must be finite and > 0")
         check(0 <= self.weight_decay < math.inf, "weight_decay must be finite and >= 0")
         check(0 <= self.grad_clip < math.inf, "grad_clip must be finite and >= 0 (0 = off)")
-        check(self.warmup_steps >= 0, "warmup_steps must be >= 0")
+        self._check_schedule()
         check(self.keep_last >= 0 and self.max_bad_steps >= 1, "keep_last must be >= 0 and max_bad_steps >= 1")
         check(1.0 <= self.oversample < math.inf, "oversample must be finite and >= 1.0")
         check(self.max_gen_rounds >= 1, "max_gen_rounds must be >= 1")
@@ -295,6 +295,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     settings = {**to_dict(cfg), "reward_file_sha256": reward["sha256"]}
     if rank == 0 and cfg.resume:
         _check_same_reward(out, reward)
+        cfg.check_resumed_schedule(out, cfg.steps)
     if rank == 0:  # rank 0 holds the run directory for the whole job
         run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings,
                               inputs=(cfg.data, cdir, cfg.rollouts or None))
@@ -341,6 +342,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                                overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds)
     learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, policy=policy, policy_backend=policy_backend,
                            critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
+    if ckpt:  # (the adaptive entropy coefficient)
+        learner.load_state(json.loads((ckpt / "trainer_state.json").read_text()).get("learner"))
     validator = Validator(val_rows, tok, scorer, ranks, n=cfg.val_n, temperature=cfg.val_temperature, top_p=cfg.val_top_p, top_k=-1,
                           max_tokens=val_len, max_prompt_len=cfg.max_prompt_len, ks=[1], seed=cfg.seed, n_boot=cfg.val_bootstrap) if cfg.val_every else None
     best = Best(cfg.save_best, cfg.early_stop_patience) if cfg.save_best else None
@@ -407,7 +410,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                     display.status("save checkpoint")
                     save_checkpoint(out, progress.finished, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
                                     data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
-                                    val_state=best.state() if best is not None else None)
+                                    val_state=best.state() if best is not None else None, learner_state=learner.state())
                     progress.saved, progress.written = progress.finished, True
                 break
             m = res.metrics
@@ -442,7 +445,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 display.status("save checkpoint")
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
                                 data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
-                                val_state=best.state() if best is not None else None)
+                                val_state=best.state() if best is not None else None, learner_state=learner.state())
                 progress.saved, progress.written = step, stopping
             if early and rank == 0:
                 display.print(f"early stop at step {step}: {cfg.save_best} has not beaten {best.value:.4f} (step {best.step}) "

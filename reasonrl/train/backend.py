@@ -18,9 +18,44 @@ import torch
 from reasonrl.devices import autocast_ctx
 
 
-def warmup_constant(warmup_steps: int) -> Callable[[int], float]:
-    """DAPO's schedule: linear warm-up over ``warmup_steps`` training steps, then constant."""
-    return lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+LR_SCHEDULES = ("constant", "cosine")
+"""The learning-rate schedules a training stage takes (``--lr-schedule``)."""
+
+
+def lr_factor(step: int, *, schedule: str = "constant", warmup_steps: int = 0, total_steps: int = 0, min_lr_ratio: float = 0.0) -> float:
+    """The LR multiplier after ``step`` scheduler steps (the LR of training step ``step + 1`` is
+    ``lr * lr_factor(step)``): a pure function of the step, so a resumed run rebuilds it from its
+    settings and gets the same numbers.
+
+    Warm-up (every schedule), W = ``warmup_steps`` > 0: ``(step + 1) / W`` for step < W (training
+    step k of the warm-up runs at k/W of the LR, none at 0). Then:
+
+    * ``constant``: 1 (DAPO's schedule).
+    * ``cosine``, T = ``total_steps``, m = ``min_lr_ratio``: with p = min(1, (step - W) / max(1, T - W)),
+
+          m + (1 - m) * (1 + cos(pi * p)) / 2
+
+      from 1 at the first step after the warm-up down to m at step T (the run's last update, step T - 1,
+      is a hair above m). This is OpenRLHF's default ``cosine_with_min_lr`` (transformers'
+      ``get_cosine_with_min_lr_schedule_with_warmup``, ``min_lr = 0.1 * lr``) after its warm-up;
+      its warm-up is step / W, which starts the run at LR 0.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"lr schedule must be one of {', '.join(LR_SCHEDULES)}, got '{schedule}'")
+
+
+def lr_lambda(schedule: str = "constant", *, warmup_steps: int = 0, total_steps: int = 0, min_lr_ratio: float = 0.0) -> Callable[[int], float]:
+    """:func:`lr_factor` as a ``LambdaLR`` lambda. A plain function, so ``LambdaLR.state_dict``
+    saves none of it: only the step count is checkpointed and the schedule is rebuilt from the run's
+    settings. An unknown ``schedule`` is a ValueError here, not at the first step past the warm-up."""
+    lr_factor(warmup_steps, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
+    return lambda s: lr_factor(s, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
 
 
 class TrainingBackend(Protocol):
@@ -44,19 +79,21 @@ class TrainingBackend(Protocol):
 
 
 class TorchBackend:
-    """Single process: AdamW, grad-norm clipping, warm-up then constant LR, bf16 autocast."""
+    """Single process: AdamW, grad-norm clipping, the LR schedule of :func:`lr_factor`, bf16 autocast."""
 
     rank = 0
     world_size = 1
 
-    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999), grad_clip: float, warmup_steps: int, dtype: str) -> None:
+    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999), grad_clip: float, warmup_steps: int, dtype: str,
+                 lr_schedule: str = "constant", total_steps: int = 0, min_lr_ratio: float = 0.0) -> None:
         self.model = model
         self.model.train()
         self.grad_clip = grad_clip
         self.dtype = dtype
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
+        schedule = lr_lambda(lr_schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
 
     def step(self, micro_batches: Sequence[Any], loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)

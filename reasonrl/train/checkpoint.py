@@ -151,8 +151,10 @@ def nonfinite(state_dict: dict[str, torch.Tensor]) -> list[str]:
 
 
 def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend: Any, tokenizer: Any, data_state: dict[str, Any],
-                    rank: int, world: int, keep_last: int = 0, val_state: dict[str, Any] | None = None) -> Path:
-    """Write ``out/checkpoints/step_{step}`` (every rank takes part: ZeRO state is sharded).
+                    rank: int, world: int, keep_last: int = 0, val_state: dict[str, Any] | None = None,
+                    learner_state: dict[str, Any] | None = None) -> Path:
+    """Write ``out/checkpoints/step_{step}`` (every rank takes part: ZeRO state is sharded);
+    ``val_state`` and ``learner_state`` go into its trainer_state.json as ``val`` and ``learner``.
 
     Refuses (one-line error) when a weight is not finite. A failed write (a full disk) removes the
     partial directory and leaves the previous checkpoint as the latest. ``keep_last`` > 0 keeps
@@ -180,7 +182,8 @@ def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend
             critic_backend.save_state(tmp / "critic_state")
         if rank == 0:
             torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-            write_json(tmp / "trainer_state.json", {"step": step, "data": data_state, **({"val": val_state} if val_state else {})})
+            write_json(tmp / "trainer_state.json", {"step": step, "data": data_state, **({"val": val_state} if val_state else {}),
+                                                    **({"learner": learner_state} if learner_state else {})})
             shutil.rmtree(d, ignore_errors=True)
             tmp.rename(d)
             write_latest(out, d.name)

@@ -11,7 +11,7 @@ called with ``scale_wrt_gas=False`` (no division by the micro-batch count); the 
 mini-batch are accumulated by marking only the last one as the gradient-accumulation boundary
 (``engine.set_gradient_accumulation_boundary``), and ``engine.step()`` is called once per
 mini-batch. The optimizer is a plain ``torch.optim.AdamW`` (DeepSpeed's CPU Adam needs compiled
-ops) and the LR schedule, warm-up then constant, is a ``LambdaLR`` on it that only
+ops) and the LR schedule (``reasonrl.train.backend.lr_factor``) is a ``LambdaLR`` on it that only
 ``scheduler_step()`` advances (once per training step, never per micro-step).
 
 CPU notes. Without CUDA the DeepSpeed accelerator is set to CPU and the process group uses gloo.
@@ -36,7 +36,7 @@ import torch
 
 from reasonrl.errors import ReasonRLError
 from reasonrl.devices import autocast_ctx
-from reasonrl.train.backend import warmup_constant
+from reasonrl.train.backend import lr_lambda
 
 _LAUNCH_HINT = "start with `torchrun --nproc_per_node N -m reasonrl.cli train --backend deepspeed ...` or run one process without launcher variables"
 _STATE_TAG = "state"
@@ -173,10 +173,11 @@ def ds_config(*, zero: int, offload: bool, dtype: str, grad_clip: float, micro_b
 
 
 class DeepSpeedBackend:
-    """ZeRO-2/3 data parallel: AdamW, grad-norm clipping, warm-up then constant LR, bf16 mixed precision."""
+    """ZeRO-2/3 data parallel: AdamW, grad-norm clipping, the LR schedule of ``lr_factor``, bf16 mixed precision."""
 
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999), grad_clip: float,
-                 warmup_steps: int, dtype: str, zero: int = 2, offload: bool = False, micro_batch_size: int = 1) -> None:
+                 warmup_steps: int, dtype: str, zero: int = 2, offload: bool = False, micro_batch_size: int = 1,
+                 lr_schedule: str = "constant", total_steps: int = 0, min_lr_ratio: float = 0.0) -> None:
         deepspeed = _import_deepspeed()
         import torch.distributed as dist
 
@@ -192,7 +193,8 @@ class DeepSpeedBackend:
         # On the torch optimizer: ZeRO keeps its param_groups (the same dicts), so the LR the
         # scheduler writes is the LR the engine's step uses. Not handed to the engine, which would
         # step it on every optimizer step.
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(warmup_steps))
+        schedule = lr_lambda(lr_schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.config, dist_init_required=False)
         self.model = self.engine.module
         self.device = torch.device(self.engine.device)

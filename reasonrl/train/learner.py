@@ -87,6 +87,23 @@ class Learner:
         self.seed = seed
         self.gen = torch.Generator().manual_seed(mix(seed, 0, self.rank))
         self.fuse_old_logp = fuse_old_logp
+        # The entropy bonus's coefficient and whether it applies: fixed (spec.entropy_coef), or
+        # Skywork-OR1's controller's state with spec.entropy_target (alpha_0 = entropy_coef, on).
+        self.entropy_coef, self.entropy_on = spec.entropy_coef, True
+
+    def state(self) -> dict[str, Any]:
+        """What the learner carries from step to step (the adaptive entropy coefficient), for the
+        checkpoint's trainer_state.json: JSON floats read back bit for bit."""
+        return {"entropy_coef": self.entropy_coef, "entropy_on": self.entropy_on}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`state` (None: a checkpoint written before it existed; the start values stay)."""
+        if state:
+            self.entropy_coef, self.entropy_on = float(state["entropy_coef"]), bool(state["entropy_on"])
+
+    def applied_entropy_coef(self) -> float:
+        """The entropy bonus's alpha this step (0: no entropy term)."""
+        return self.entropy_coef if self.spec.entropy_target is None or self.entropy_on else 0.0
 
     @property
     def device(self) -> torch.device:
@@ -215,9 +232,12 @@ class Learner:
         """The policy's updates over the batch's mini-batches (``ppo_epochs`` passes); its metrics,
         means over the updates, ``actor/ratio_max`` and ``actor/clipfrac_by_prob`` over all of them.
         With the old log-probs from the update (``st.old_from_update``) the mismatch and TIS
-        metrics follow once every row's forward ran."""
+        metrics follow once every row's forward ran. The entropy bonus takes this step's
+        coefficient (``actor/entropy_coef``); with ``entropy_target`` the controller then moves it
+        for the next step, from this step's entropy."""
         s = self.spec
         params = s.loss_params(generator=self.gen)  # the covariance losses draw from the learner's seeded generator
+        ent_coef = self.applied_entropy_coef()
         metrics: dict[str, list[float]] = {}
         tally = _PolicyTally()
         minis = self._minibatches(st.batch.input_ids.shape[0])
@@ -229,7 +249,7 @@ class Learner:
                     self._passes(st, policy=True, others=False)
                 continue
             nll_den = self._correct_tokens(st, mini) if s.pos_lm_coef > 0 else None
-            loss_fn = partial(self._policy_micro_loss, st=st, params=params, nll_den=nll_den, tally=tally,
+            loss_fn = partial(self._policy_micro_loss, st=st, params=params, nll_den=nll_den, tally=tally, ent_coef=ent_coef,
                               track=mi >= len(minis) - per_epoch)  # the clip counts: of the last epoch's updates
             for k, v in self.policy_backend.step(micros, loss_fn).items():
                 metrics.setdefault(k, []).append(v)
@@ -242,12 +262,28 @@ class Learner:
             keys = sorted(counts)
             counts = dict(zip(keys, self._all_sum(torch.tensor([counts[k] for k in keys], dtype=torch.float64)).tolist()))
         res["actor/clipfrac_by_prob"] = clip_fractions_from_counts(counts)
+        if s.entropy_coef > 0 or s.entropy_target is not None:
+            res["actor/entropy_coef"] = ent_coef
+        if s.entropy_target is not None:
+            self._control_entropy(st)
         return res
 
+    def _control_entropy(self, st: StepTensors) -> None:
+        """Skywork-OR1's adaptive entropy control (``A.adaptive_entropy_coef``) from this step's
+        mean token entropy over every rank's valid tokens (``actor/entropy``, of the forward under
+        the weights before the update): the coefficient the next step applies."""
+        s = self.spec
+        local = [float((st.entropy * st.batch.valid).sum()), float(st.batch.valid.sum())]  # as rollout_metrics' actor/entropy
+        ent = self._all_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        if ent[1] > 0:
+            self.entropy_coef, self.entropy_on = A.adaptive_entropy_coef(self.entropy_coef, ent[0] / ent[1], target=s.entropy_target,
+                                                                         delta=s.entropy_coef_delta, coef_max=s.entropy_coef_max)
+
     def _policy_micro_loss(self, model: torch.nn.Module, item: tuple[list[int], float], *, st: StepTensors, params: A.LossParams,
-                           nll_den: float | None, tally: _PolicyTally, track: bool) -> tuple[torch.Tensor, dict[str, float]]:
+                           nll_den: float | None, tally: _PolicyTally, track: bool, ent_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch (rows ``idx``, weight ``w``) of a policy update: its forward, its old
-        log-probs (this forward's, detached, when fused; else prepare's), the policy objective, its
+        log-probs (this forward's, detached, when fused; else prepare's), the policy objective (with
+        the entropy bonus ``ent_coef`` > 0: the entropy of the sampling distribution, with grad), its
         weighted loss and metrics (``backend.step``'s ``loss_fn``)."""
         s, dev = self.spec, self.device
         idx, w = item
@@ -255,8 +291,9 @@ class Learner:
         t = mb.T
         logits = response_logits(model, mb)
         logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling)
+        ent = A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) if ent_coef > 0 else None
         if st.old_from_update:
-            old, isw = self._old_from_forward(st, idx, mb, logits, logp)
+            old, isw = self._old_from_forward(st, idx, mb, logits, logp, ent)
         else:
             old = st.old_logp[idx, :t].to(dev)
             isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
@@ -265,7 +302,8 @@ class Learner:
                                max_len=self.max_len, is_weights=isw,
                                ref_logp=st.ref_logp[idx, :t].to(dev) if st.ref_logp is not None and not s.kl_in_reward else None,
                                kl_coef=s.kl_coef, kl_kind=s.kl_kind, pos_lm_coef=s.pos_lm_coef if nll_den is not None else 0.0,
-                               correct=st.correct[idx].to(dev) if nll_den is not None else None, nll_denominator=nll_den)
+                               correct=st.correct[idx].to(dev) if nll_den is not None else None, nll_denominator=nll_den,
+                               entropy=ent, entropy_coef=ent_coef)
         tally.ratio_max = max(tally.ratio_max, obj.metrics.pop("ratio_max", 0.0))
         if track:
             add_clip_counts(tally.clip_counts, clip_by_prob_bucket(old, obj.policy.clip_upper, obj.policy.clip_lower, mb.mask))
@@ -275,16 +313,18 @@ class Learner:
         return loss, {**{k: v * w / self.world for k, v in obj.metrics.items() if isinstance(v, (int, float))},
                       **{k: v / self.world for k, v in obj.nll_metrics.items()}}
 
-    def _old_from_forward(self, st: StepTensors, idx: list[int], mb: Batch, logits: torch.Tensor,
-                          logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _old_from_forward(self, st: StepTensors, idx: list[int], mb: Batch, logits: torch.Tensor, logp: torch.Tensor,
+                          ent: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path (module doc): the old log-probs are this forward's, detached, and the
-        entropy comes from the same logits; both recorded into ``st`` as the no-grad pass would;
-        the TIS weights from them (row-local constants). Returns (old log-probs, TIS weights or None)."""
+        entropy comes from the same logits (``ent``, the entropy bonus's, when it was computed: the
+        same numbers); both recorded into ``st`` as the no-grad pass would; the TIS weights from them
+        (row-local constants). Returns (old log-probs, TIS weights or None)."""
         s = self.spec
         old = logp.detach()
-        with torch.no_grad():
-            ent = A.entropy_from_logits(logits.detach(), sampling=self.sampling, token_ids=mb.response_ids)
-        st.record_policy(idx, old, ent, mb.valid)
+        if ent is None:
+            with torch.no_grad():
+                ent = A.entropy_from_logits(logits.detach(), sampling=self.sampling, token_ids=mb.response_ids)
+        st.record_policy(idx, old, ent.detach(), mb.valid)
         if s.tis_cap is None:
             return old, None
         return old, A.truncated_is_weights(old, st.sampler_logp[idx, : mb.T].to(self.device), mb.mask, cap=s.tis_cap, level=s.tis_level)[0]

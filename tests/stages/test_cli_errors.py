@@ -105,3 +105,16 @@ def test_finished_output_not_overwritten(toy_data_file, tmp_path):
     before = (d / "train.parquet").read_bytes()
     assert_user_error(run_cli("prepare-data", toy_data_file, "--out", d), "--overwrite")
     assert (d / "train.parquet").read_bytes() == before
+
+
+def test_bad_lr_schedules_are_one_line_errors(tmp_path):
+    for stage in ("train", "pretrain-value"):
+        for args, needle in [(["--lr-schedule", "linear"], "lr_schedule must be one of constant, cosine"),
+                             (["--lr-schedule", "cosine", "--min-lr-ratio", "1.5"], "min_lr_ratio must be in [0, 1]"),
+                             (["--min-lr-ratio", "-0.1"], "min_lr_ratio"),
+                             (["--warmup-ratio", "1"], "warmup_ratio must be in [0, 1)"),
+                             (["--warmup-ratio", "-0.5"], "warmup_ratio"),
+                             (["--warmup-steps", "5", "--warmup-ratio", "0.1"], "both set"),
+                             (["--warmup-steps", "-1"], "warmup_steps must be >= 0")]:
+            assert_user_error(run_cli(stage, *args, "--out", tmp_path / "o"), needle)
+    assert not (tmp_path / "o").exists()
