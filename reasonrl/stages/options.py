@@ -233,10 +233,11 @@ def start_ranks(cfg: BackendOpts) -> tuple[int, int]:
     return init_distributed()
 
 
-def make_backend(cfg: Any, model: Any, lr: float, dtype: str) -> Any:
+def make_backend(cfg: Any, model: Any, lr: float, dtype: str, steps: int | None = None) -> Any:
     """The backend ``cfg.backend`` names for ``model`` (``cfg``: BackendOpts and ScheduleOpts plus the
-    optimiser's ``weight_decay``, ``grad_clip``, and ``steps`` and ``micro_batch_size``)."""
-    common = dict(lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, dtype=dtype, **cfg.schedule(cfg.steps))
+    optimiser's ``weight_decay``, ``grad_clip``, and ``steps`` and ``micro_batch_size``); the LR
+    schedule spans ``steps`` (default ``cfg.steps``; `pretrain-value --epochs` counts its own)."""
+    common = dict(lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, dtype=dtype, **cfg.schedule(cfg.steps if steps is None else steps))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.backend == "deepspeed":

@@ -210,7 +210,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     dtype = resolve_dtype(cfg.dtype)
     tok = load_tokenizer(policy_dir)
     critic = new_value_model(init_dir, seed=cfg.seed).to(default_device())
-    critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
+    critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype, steps)
     spec = value_spec(cfg.lam_actor)
     engine = scorer = None
     if art is not None:
@@ -246,6 +246,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
             status(f"value step {step}: " + ("saved responses" if art is not None else "generate + score"))
             col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
             if not col.groups:
+                critic_backend.scheduler_step()  # (the LR schedule counts steps, with or without an update)
                 bar.advance()
                 continue
             status(f"value step {step}: values + update critic")
