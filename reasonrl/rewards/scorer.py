@@ -86,15 +86,16 @@ class ScoreStats:
 # Worker side (top-level functions: "spawn" pickles them by reference).
 
 
-def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None, reward: str = "math") -> None:
+def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None, reward: str = "math", owner: int | None = None) -> None:
     """Warm a worker up (imports + one comparison), then wait for its siblings.
 
     The barrier makes every worker of a new pool ready before the first item is handed out, so no
-    item's time limit is spent on another worker's imports.
+    item's time limit is spent on another worker's imports. ``owner``: the scorer's process, which
+    may already be gone when this runs (killed while the pool was spawning).
     """
     import signal
 
-    _die_with_parent()
+    _die_with_parent(owner)
     try:
         # Ctrl-C (and a scheduler's SIGTERM) reach the whole process group; the parent decides what
         # happens to workers (it may finish its step first), and a worker outlives no parent.
@@ -119,19 +120,45 @@ def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None, rewar
             pass
 
 
-def _die_with_parent(period_s: float = 0.5) -> None:
+def _die_with_parent(owner: int | None = None, period_s: float = 0.5) -> None:
     """End this worker when its parent is gone (SIGKILLed parents run no cleanup): a daemon thread
-    watches the parent pid. (Not prctl's PDEATHSIG: that fires when the *thread* that started the
+    watches the parent pid, and ``owner``, the scorer's process (the parent under "spawn", the
+    forkserver's client under "forkserver"). The owner is named by the pool, not read here: a parent
+    killed while it was still spawning the pool is gone before this runs, and the worker's parent is
+    then already its new one. (Not prctl's PDEATHSIG: that fires when the *thread* that started the
     worker ends, and the scorer may be used from short-lived threads.)"""
     parent = os.getppid()
 
-    def watch() -> None:
-        while True:
-            time.sleep(period_s)
-            if os.getppid() != parent:
-                os._exit(0)
+    def gone() -> bool:
+        if os.getppid() != parent:
+            return True
+        if owner is None:
+            return False
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # (a pid reused by another user's process: the owner is gone)
+            return True
+        return owner != parent and not _is_running(owner)
 
+    def watch() -> None:
+        while not gone():
+            time.sleep(period_s)
+        os._exit(0)
+
+    if gone():
+        os._exit(0)
     threading.Thread(target=watch, name="reasonrl-parent-watch", daemon=True).start()
+
+
+def _is_running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (Linux /proc; elsewhere: it exists)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _worker_ping() -> int:
@@ -275,7 +302,7 @@ class RewardScorer:
             max_workers=n,
             mp_context=ctx,
             initializer=_worker_init,
-            initargs=(barrier, self.startup_timeout_s, self.memory_limit_mb, self.reward),
+            initargs=(barrier, self.startup_timeout_s, self.memory_limit_mb, self.reward, os.getpid()),
         )
         pool: _Pool | None = None
         try:
