@@ -1,5 +1,5 @@
 """`reasonrl ablate`: the presets' rungs, bad input, and a 2-rung × 2-seed ablation of real `train`
-runs on the tiny model (a SIGKILLed driver rerun to the end, --dry-run, --collect, the report)."""
+runs on the tiny model (a SIGKILLed driver rerun to the end, a SIGTERMed one resumed, --dry-run, --collect, the report)."""
 
 from __future__ import annotations
 
@@ -244,6 +244,46 @@ def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tm
     assert rep.exit_code == 0, rep.output
     assert (tmp_path / "report" / "ablation.png").is_file()
     assert "ablation" not in json.loads((tmp_path / "report" / "manifest.json").read_text())["skipped"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigterm_to_the_driver_is_passed_on_and_a_rerun_resumes(format_model, prepared, tmp_path):
+    """SIGTERM to the driver alone (a scheduler stopping the job): the running `train` gets it, stops at a step
+    boundary with a checkpoint, the driver waits for it and exits 143 with one line; the same command then resumes."""
+    spec = _spec(tmp_path, format_model, prepared, '[[rung]]\nname = "grpo"\n', steps=4)
+    spec.write_text(spec.read_text().replace("seeds = 2", "seeds = [0]"))
+    out = tmp_path / "abl"
+    run = out / "grpo" / "seed-0"
+    p = subprocess.Popen(_ablate("--spec", spec, "--out", out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    while p.poll() is None and not (run / "checkpoints" / "step_1").is_dir():
+        time.sleep(0.01)
+    assert p.poll() is None, p.stderr.read()[-2000:]
+    os.kill(p.pid, signal.SIGTERM)  # (the driver only: not its process group)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("ablate stopped by SIGTERM (passed on to grpo/seed-0)"), err[-2000:]
+    log = (out / "logs" / "grpo-seed-0.log").read_text()
+    assert "stopped by SIGTERM" in log and "continue with the same command and --resume" in log, log[-2000:]
+    assert not (run / "manifest.json").exists() and (run / "checkpoints" / "latest").is_file()
+    stopped_at = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+    assert 1 <= stopped_at < 4 and [m["step"] for m in _lines(run / "metrics.jsonl")] == list(range(0, stopped_at + 1))
+    time.sleep(0.5)
+    assert not [d for d in Path("/proc").iterdir() if d.name.isdigit() and _session_of(d) == p.pid]  # nothing left of the job
+    again = subprocess.run(_ablate("--spec", spec, "--out", out), env=_env(), capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in (out / "logs" / "grpo-seed-0.log").read_text()
+    assert [m["step"] for m in _lines(run / "metrics.jsonl")] == [0, 1, 2, 3, 4] and (out / "manifest.json").is_file()
+
+
+def _session_of(proc: Path) -> int | None:
+    """The session id of a /proc entry (None when it is gone or a zombie)."""
+    try:
+        stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if stat[0] == "Z" else int(stat[3])
 
 
 @pytest.mark.slow
