@@ -90,21 +90,69 @@ def append_jsonl(path: str | Path, rec: dict[str, Any]) -> None:
         f.write(json.dumps(rec, default=float) + "\n")
 
 
+def kind(v: Any) -> str:
+    """What a JSON value is, in words ('a string', 'a list', ...)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    return {str: "a string", list: "a list", dict: "an object", int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+def shown(v: Any, width: int = 24) -> str:
+    """A short repr of a value for a note."""
+    s = json.dumps(v, default=str) if not isinstance(v, float) else repr(v)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def json_error(e: Exception) -> str:
+    """Why a JSON text could not be read, in a few words."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+    if isinstance(e, RecursionError):
+        return "not JSON (nested too deep)"
+    if isinstance(e, OSError):
+        return f"unreadable ({e.strerror or type(e).__name__})"
+    return f"not JSON ({e})"
+
+
+def step_records(path: str | Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+    """The step records of a ``.jsonl`` file (``metrics.jsonl``, ``validation.jsonl``): (line number,
+    object) for each line that is a JSON object with an integer ``step``, and why each other
+    non-blank line was skipped ("line 3: torn (the run stopped mid-write)"). An unreadable file
+    raises OSError."""
+    data = Path(path).read_bytes()
+    records: list[tuple[int, dict[str, Any]]] = []
+    skipped: list[str] = []
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        torn = i == len(lines)  # no newline after it: the writer stopped mid-line
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as e:
+            skipped.append(f"line {i}: " + ("torn (the run stopped mid-write)" if torn and not isinstance(e, UnicodeDecodeError) else json_error(e)))
+            continue
+        if not isinstance(rec, dict):
+            skipped.append(f"line {i}: {kind(rec)}, not an object")
+            continue
+        step = rec.get("step")
+        if "step" not in rec or isinstance(step, bool) or not isinstance(step, int):
+            skipped.append(f"line {i}: step is " + (f"{kind(step)} ({shown(step)})" if "step" in rec else "missing") + ", not an integer")
+            continue
+        records.append((i, rec))
+    return records, skipped
+
+
 def last_record(path: str | Path, max_step: int | None = None) -> dict[str, Any]:
     """The last well-formed step record of a ``metrics.jsonl`` (at most ``max_step``), or {}."""
-    last: dict[str, Any] = {}
     try:
-        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+        records, _ = step_records(path)
     except OSError:
-        return last
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and (max_step is None or rec["step"] <= max_step):
-            last = rec
-    return last
+        return {}
+    fit = [rec for _, rec in records if max_step is None or rec["step"] <= max_step]
+    return fit[-1] if fit else {}
 
 
 def write_manifest(out_dir: str | Path, stage: str, config: dict[str, Any], inputs: dict[str, str | Path | None], extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -22,27 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reasonrl.artifacts import MANIFEST
+from reasonrl.artifacts import MANIFEST, json_error, kind, shown, step_records
 from reasonrl.errors import ReasonRLError
 
 PLOTTED_STAGES = ("train", "pretrain-value", "eval")
 ORDER = {"prepare-data": 0, "pretrain-value": 1, "train": 2, "eval": 3}
 MAX_STEP = 2**53  # steps beyond this are not exact as floats (the axes' numbers)
-
-
-def kind(v: Any) -> str:
-    """What a JSON value is, in words ('a string', 'a list', ...)."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    return {str: "a string", list: "a list", dict: "an object", int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
-
-
-def shown(v: Any, width: int = 24) -> str:
-    """A short repr of a value for a note."""
-    s = json.dumps(v, default=str) if not isinstance(v, float) else repr(v)
-    return s if len(s) <= width else s[: width - 1] + "…"
 
 
 def number(v: Any) -> float | None:
@@ -61,17 +46,6 @@ def numbers(v: Any) -> list[float] | None:
         return None
     out = [number(x) for x in v]
     return None if any(x is None for x in out) else out  # type: ignore[misc]
-
-
-def json_error(e: Exception) -> str:
-    """Why a JSON text could not be read, in a few words."""
-    if isinstance(e, UnicodeDecodeError):
-        return f"not UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start})"
-    if isinstance(e, RecursionError):
-        return "not JSON (nested too deep)"
-    if isinstance(e, OSError):
-        return f"unreadable ({e.strerror or type(e).__name__})"
-    return f"not JSON ({e})"
 
 
 def load_json(path: Path) -> tuple[Any, str | None]:
@@ -142,29 +116,15 @@ def read_metrics(path: Path, run: Run) -> None:
     """``metrics.jsonl`` into ``run.metrics``: one object per line with an integer ``step``; any
     other line is skipped and counted (a torn last line is a run stopped mid-write)."""
     try:
-        data = path.read_bytes()
+        records, skipped = step_records(path)
     except OSError as e:
         run.skip("metrics.jsonl", f"the file is {json_error(e)}")
         return
-    lines = data.split(b"\n")
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        torn = i == len(lines)  # no newline after it: the writer stopped mid-line
-        try:
-            rec = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as e:
-            run.skip("metrics.jsonl", f"line {i}: " + ("torn (the run stopped mid-write)" if torn and not isinstance(e, UnicodeDecodeError) else json_error(e)))
-            continue
-        if not isinstance(rec, dict):
-            run.skip("metrics.jsonl", f"line {i}: {kind(rec)}, not an object")
-            continue
-        step = rec.get("step")
-        if "step" not in rec or isinstance(step, bool) or not isinstance(step, int):
-            run.skip("metrics.jsonl", f"line {i}: step is " + (f"{kind(step)} ({shown(step)})" if "step" in rec else "missing") + ", not an integer")
-            continue
-        if not -MAX_STEP <= step <= MAX_STEP:
-            run.skip("metrics.jsonl", f"line {i}: step {shown(step)} is out of range")
+    for why in skipped:
+        run.skip("metrics.jsonl", why)
+    for i, rec in records:
+        if not -MAX_STEP <= rec["step"] <= MAX_STEP:
+            run.skip("metrics.jsonl", f"line {i}: step {shown(rec['step'])} is out of range")
             continue
         run.metrics.append(rec)
 

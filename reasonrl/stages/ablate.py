@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reasonrl.artifacts import MANIFEST, write_json, write_manifest
+from reasonrl.artifacts import MANIFEST, step_records, write_json, write_manifest
 from reasonrl.config import check, check_seed, load_recipe, opt, parse_sets, to_dict
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import claim, releases_claims
@@ -493,20 +493,11 @@ def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects with an integer step of a .jsonl file (a torn or foreign line is skipped)."""
-    out: list[dict[str, Any]] = []
+    """The step records of a .jsonl file (``reasonrl.artifacts.step_records``; a torn or foreign line is skipped)."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return [rec for _, rec in step_records(path)[0]]
     except OSError:
-        return out
-    for ln in lines:
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and not isinstance(rec.get("step"), bool):
-            out.append(rec)
-    return out
+        return []
 
 
 def _mean(xs: list[float]) -> float:
