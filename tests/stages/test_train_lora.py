@@ -18,6 +18,8 @@ pytestmark = pytest.mark.slow
 SMALL = ["--dtype", "fp32", "--group-size", "4", "--max-response-len", "12", "--seed", "0", "--prompts-per-step", "2",
          "--mini-batch-size", "8", "--micro-batch-size", "4", "--overlong-cache-len", "4", "--report-to", "none"]
 LORA = ["--lora-rank", "4", "--lr", "1e-2"]
+PV = ["--dtype", "fp32", "--group-size", "4", "--max-response-len", "12", "--seed", "0", "--prompts-per-step", "2",
+      "--mini-batch-size", "8", "--micro-batch-size", "4", "--report-to", "none"]
 
 
 @pytest.mark.parametrize("args,needles", [
@@ -120,3 +122,30 @@ def test_eval_of_an_adapter_whose_base_is_gone_is_one_line(lora_run, prepared, t
     (bare / "adapter_config.json").write_text(json.dumps(cfg))
     r = run_cli("eval", "file", "--dataset", prepared, "--model", bare, "--engine", "hf", "--n", "1", "--out", tmp_path / "ev")
     assert_user_error(r, f"names the base model {tmp_path / 'moved-away'}", "base_model_name_or_path")
+
+
+def test_pretrain_value_with_a_lora_critic(prepared, format_model, tmp_path):
+    """LoRA on the critic's backbone, its value head trained in full: critic/ is a merged value model
+    (what `train --critic` loads), critic/adapter/ the adapter with the head."""
+    from safetensors.torch import load_file
+
+    from reasonrl.models.lora import ADAPTER_WEIGHTS
+    from reasonrl.models.value import load_value_model, new_value_model
+
+    out = tmp_path / "critic"
+    r = run_cli("pretrain-value", "--model", format_model, "--data", prepared, "--out", out, "--engine", "hf", "--steps", "2",
+                "--eval-prompts", "2", "--critic-lr", "1e-2", *PV, "--lora-rank", "4")
+    assert r.exit_code == 0, r.output
+    assert "LoRA r=4 α=32 on 14 layers" in r.output and "the value head in full" in r.output
+    adapter = load_file(str(out / "critic" / "adapter" / ADAPTER_WEIGHTS))
+    assert any("score" in k for k in adapter) and any(".lora_A." in k for k in adapter)
+    trained, init = load_value_model(out / "critic").state_dict(), new_value_model(format_model, seed=0).state_dict()
+    assert set(trained) == set(init)
+    assert not torch.equal(trained["score.weight"], init["score.weight"])  # the head trained in full
+    assert any(not torch.equal(trained[k], init[k]) for k in init if "q_proj" in k)  # the backbone through the adapter
+    assert torch.equal(trained["model.embed_tokens.weight"], init["model.embed_tokens.weight"])  # frozen
+    assert "critic/adapter/" in json.loads((out / "manifest.json").read_text())["outputs"]
+    bad = run_cli("pretrain-value", "--model", format_model, "--data", prepared, "--out", tmp_path / "bad", "--engine", "hf",
+                  "--lora-rank", "4", "--lora-target-modules", "score")
+    assert_user_error(bad, "'score' matches no linear layer", "value head are never LoRA targets")
+    assert not (tmp_path / "bad").exists()
