@@ -314,8 +314,9 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     device = default_device()
     if lora is None:
         policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir, device=device)
-    else:  # the frozen base from --model, the adapter fresh (seeded) or the checkpoint's
-        policy = L.apply_lora(load_causal_lm(policy_dir, device=device), lora, seed=cfg.seed, base_path=policy_dir)
+    else:  # the frozen base from --model (in bf16 when the run computes in it: half the memory), the adapter fresh (seeded) or the checkpoint's
+        base = load_causal_lm(policy_dir, device=device, dtype=torch.bfloat16 if dtype == "bf16" else None)
+        policy = L.apply_lora(base, lora, seed=cfg.seed, base_path=policy_dir)
         if ckpt:
             L.load_adapter_weights(policy, ckpt / "policy")
     policy.config.use_cache = False
