@@ -249,8 +249,11 @@ def check_targets(model_dir: str | os.PathLike, settings: LoraSettings, *, criti
 def trainable_line(model: Any) -> str:
     """``LoRA r=8 α=32 on 196 layers: 20.2M of 7.6B parameters trained (0.27%)``."""
     cfg = model.peft_config[_ADAPTER]
-    total = sum(p.numel() for p in model.parameters())
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    def count(p: Any) -> int:
+        return int(getattr(p, "ds_numel", p.numel()))  # (ZeRO-3: a rank holds a shard; ds_numel is the whole)
+
+    total = sum(count(p) for p in model.parameters())
+    trained = sum(count(p) for p in model.parameters() if p.requires_grad)
     layers = sum(1 for n, _ in model.named_modules() if n.endswith(f".lora_A.{_ADAPTER}"))
 
     def size(n: int) -> str:
