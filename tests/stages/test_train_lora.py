@@ -149,3 +149,15 @@ def test_pretrain_value_with_a_lora_critic(prepared, format_model, tmp_path):
                   "--lora-rank", "4", "--lora-target-modules", "score")
     assert_user_error(bad, "'score' matches no linear layer", "value head are never LoRA targets")
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_kl_reference_of_a_lora_run_is_its_base(prepared, format_model, tmp_path):
+    """A KL penalty's reference is the policy with its adapter off: 0 exactly at step 1 (B starts at
+    0: policy = base, bit for bit), > 0 once the adapter moved; with gradient checkpointing too."""
+    out = tmp_path / "kl"
+    r = run_cli("train", "--algo", "grpo", "--model", format_model, "--data", prepared, "--out", out, "--engine", "hf", "--steps", "2",
+                *SMALL, "--lora-rank", "4", "--lr", "3e-2", "--entropy-coef", "0.05", "--kl-coef", "0.1", "--gradient-checkpointing")
+    assert r.exit_code == 0, r.output
+    m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+    assert m[0]["actor/kl_ref"] == 0.0 and m[0]["actor/grad_norm"] > 0
+    assert m[1]["actor/kl_ref"] > 0

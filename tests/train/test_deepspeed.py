@@ -7,7 +7,7 @@
   updated weights match;
   a resume from save_model + save_state redoes the last step identically; value pretraining's
   critic update (the stage's row, no policy) on ZeRO-3 matches one process too, and so does a LoRA
-  adapter's update (its merged weights, its resume from the adapter-only checkpoint).
+  adapter's update on ZeRO-2 and ZeRO-3 (its merged weights, its resume from the adapter-only checkpoint).
 * The CLI as a user runs it: ``torchrun --nproc_per_node 2 -m reasonrl.cli train --backend deepspeed``
   for ZeRO-2 (5 steps) and ZeRO-3 (2 steps, then ``--resume`` to 3), checking metrics.jsonl, the
   consolidated HF ``policy/`` directory, and that the resumed run continued the LR schedule; and
@@ -43,7 +43,7 @@ ROOT = HERE.parent.parent
 WORKER = HERE / "ds_worker.py"
 CONFIGS = ["2", "3", "3o"]  # ZeRO stage; "o": offload_optimizer (+ offload_param for stage 3) to CPU with torch AdamW
 VALUE = "3v"  # value pretraining's update under ZeRO-3
-LORA = "3l"  # a LoRA adapter's update under ZeRO-3 (`train --lora-rank`)
+LORAS = ["2l", "3l"]  # a LoRA adapter's update under ZeRO-2 and ZeRO-3 (`train --lora-rank`)
 
 
 def _env() -> dict[str, str]:
@@ -97,7 +97,7 @@ def ds_update_results(tiny_model, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("ds_update")
     out = work / "ds.pt"
-    _launch(2, [str(WORKER), "--model", str(tiny_model), "--backend", "deepspeed", "--zero", ",".join(CONFIGS + [VALUE, LORA]), "--work", str(work / "ds"), "--out", str(out)])
+    _launch(2, [str(WORKER), "--model", str(tiny_model), "--backend", "deepspeed", "--zero", ",".join(CONFIGS + [VALUE, *LORAS]), "--work", str(work / "ds"), "--out", str(out)])
     ds = torch.load(out, weights_only=False)
     ref = _worker().run(tiny_model, "torch", 0, False, 3, work / "ref")
     return ref, ds
@@ -156,14 +156,15 @@ def test_zero3_value_pretraining_update_matches_single_process(ds_update_results
     assert max(float((ref["weights"][k] - init[k]).abs().max()) for k in init) > 1e-3  # the critic moved far beyond the tolerance
 
 
-def test_zero3_lora_update_matches_single_process(ds_update_results, tiny_model, tmp_path):
-    """ZeRO-3 on 2 processes with a LoRA adapter (the frozen base partitioned too) = one process: the
-    losses, grad norms and merged weights the engine gets; the checkpoint holds the adapter and the
-    adapter's optimizer shards only (no base), and resuming from it redoes the last step."""
+@pytest.mark.parametrize("zero", LORAS)
+def test_zero_lora_update_matches_single_process(ds_update_results, tiny_model, tmp_path, zero):
+    """ZeRO-2/3 on 2 processes with a LoRA adapter (ZeRO-3: the frozen base partitioned too) = one
+    process: the losses, grad norms and merged weights the engine gets; the checkpoint holds the
+    adapter and the adapter's optimizer shards only (no base), and resuming from it redoes the last step."""
     from reasonrl.models.loading import load_causal_lm
 
-    ds, ref = ds_update_results[1][LORA], _worker().run(tiny_model, "torch", 0, False, 3, tmp_path / "ref", lora=True)
-    assert ds["world"] == 2 and ds["partitioned"] and len(ds["metrics"]) == len(ref["metrics"]) == 3
+    ds, ref = ds_update_results[1][zero], _worker().run(tiny_model, "torch", 0, False, 3, tmp_path / "ref", lora=True)
+    assert ds["world"] == 2 and ds["partitioned"] == (zero == "3l") and len(ds["metrics"]) == len(ref["metrics"]) == 3
     for step, (r, d) in enumerate(zip(ref["metrics"], ds["metrics"]), start=1):
         assert _close(r["pg_loss"], d["pg_loss"]) and _close(r["grad_norm"], d["grad_norm"]), (step, r, d)
         assert r["lr"] == pytest.approx(d["lr"], rel=1e-12), step
