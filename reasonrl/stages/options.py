@@ -287,10 +287,13 @@ class LoraOpts:
                                     "resume without --lora-rank, or start over with --overwrite")
             raise ReasonRLError(f"--resume {'without --lora-rank' if not self.lora_rank else f'with --lora-rank {self.lora_rank}'}: the run in {out} trains a "
                                 f"rank-{rank} LoRA adapter (its checkpoints hold only that adapter); resume with --lora-rank {rank}, or start over with --overwrite")
+        def shown(v: Any) -> str:
+            return "(default)" if v is None else ",".join(map(str, v)) if isinstance(v, list) else f"{v:g}" if isinstance(v, float) else str(v)
+
         for key, flag, default in (("lora_alpha", "--lora-alpha", None), ("lora_target_modules", "--lora-target-modules", [ALL_LINEAR])):
             was = old.get(key, default)
             if rank and key in old and was != getattr(self, key):
-                raise ReasonRLError(f"--resume with {flag} {getattr(self, key)}: the run in {out} trains its adapter with {flag} {was}; "
+                raise ReasonRLError(f"--resume with {flag} {shown(getattr(self, key))}: the run in {out} trains its adapter with {flag} {shown(was)}; "
                                     f"resume with the run's {flag}, or start over with --overwrite")
 
 
