@@ -11,6 +11,9 @@
 #   pv-zero3 pretrain-value --backend deepspeed --zero 3 --engine vllm under torchrun (1 or 2 GPUs)
 #   train    train --algo dapo --backend deepspeed --zero 3 --engine vllm --engine-sleep under
 #            torchrun: weight sync every step, sleep around it
+#   lora     train --lora-rank 8 --engine vllm --engine-sleep (one process, the torch backend): the merged weights
+#            synced every step, policy/ merged + policy/adapter/, eval --model policy/adapter; then
+#            bench/lora_sync.py on GPU: merged sync vs vLLM's own LoRARequest (ms per sync, decode tok/s, fp32 gap)
 #   tp2      (2+ GPUs) the same on 2 ranks with --engine-tp 2 (one engine split over both GPUs)
 #   server   (2+ GPUs) a `vllm serve` on GPU 1 started as vLLM documents for RL, train on GPU 0
 #            with --engine http://...: the weights go to the server over NCCL each step (its
@@ -171,6 +174,17 @@ if [ $HAVE_VLLM = 1 ] && [ $HAVE_DS = 1 ]; then
     --lr 1e-5 && metrics_ok $W/train 2 perf/weight_sync_s"
 else
   row pv-zero3 SKIP "needs vllm and deepspeed"; row train SKIP "needs vllm and deepspeed"
+fi
+
+if [ $HAVE_VLLM = 1 ]; then
+  check lora bash -c "set -o pipefail; \"\$PY\" -m reasonrl.cli train $SMALL $VLLM --engine-sleep --algo dapo --lora-rank 8 --lr 1e-4 --out $W/lora \
+    --steps 2 --prompts-per-step 4 --max-gen-rounds 2 --mini-batch-size 16 --micro-batch-size 8 --overlong-cache-len 8 \
+    && metrics_ok $W/lora 2 perf/weight_sync_s && test -f $W/lora/policy/config.json && test -f $W/lora/policy/adapter/adapter_config.json \
+    && \"\$PY\" -m reasonrl.cli eval file --dataset $W/data --model $W/lora/policy/adapter $VLLM --dtype bf16 --n 2 --max-response-len 48 \
+         --max-problems 4 --out $W/lora-eval >/dev/null \
+    && \"\$PY\" bench/lora_sync.py --model $MODEL --rank 8 --repeats 3 | grep '^(' | sed 's/^/CHECK /'"
+else
+  row lora SKIP "$NO_VLLM"
 fi
 
 if [ "$NGPU" -ge 2 ] && [ $HAVE_VLLM = 1 ] && [ $HAVE_DS = 1 ]; then

@@ -78,7 +78,9 @@ class GenerationEngine(Protocol):
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Load new policy weights in memory (same names as the HF causal LM's state dict).
 
-        Called on every rank of a multi-process trainer, with the full weights on each."""
+        Called on every rank of a multi-process trainer, with the full weights on each. A mapping
+        whose ``partial`` attribute is true (LoRA's merged linear layers,
+        ``reasonrl.models.lora.engine_weights``) holds only the weights that changed."""
         ...
 
     def close(self) -> None: ...

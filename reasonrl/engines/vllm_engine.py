@@ -70,7 +70,7 @@ import functools
 import os
 import re
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from reasonrl.console import error_line, library_bars
 from reasonrl.engines.base import Completion, ProgressFn, SamplingParams, eos_token_ids, model_config, prompt_seeds
@@ -333,25 +333,35 @@ class VLLMEngine:
         return grouped
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load the HF causal LM's state dict into the running engine, in memory.
 
-        Tensors are cast to the engine's dtype one at a time (never a second full copy held at
-        once when running in-process). ``lm_head.weight`` is dropped when the embeddings are tied
-        (it is the same tensor as ``model.embed_tokens.weight``).
+        Tensors are read and cast to the engine's dtype one at a time (never a second full copy
+        held at once when running in-process; a lazy mapping such as LoRA's merged weights computes
+        one at a time). ``lm_head.weight`` is dropped when the embeddings are tied (it is the same
+        tensor as ``model.embed_tokens.weight``). A mapping marked ``partial`` (LoRA: the blocks'
+        linear layers only) leaves the other weights as they are; vLLM reloads by layer, so a partial
+        update must hold whole layers (every weight of a fused qkv / gate-up projection).
         """
         import torch
 
         target = getattr(torch, self.dtype)
-        sd = dict(state_dict)
-        if self.tied_embeddings and "lm_head.weight" in sd:
-            head = sd.pop("lm_head.weight")
-            sd.setdefault("model.embed_tokens.weight", head)
-        elif not self.tied_embeddings and "lm_head.weight" not in sd:
+        keys = list(state_dict.keys())
+        head_as_embedding = False
+        if self.tied_embeddings and "lm_head.weight" in keys:
+            keys.remove("lm_head.weight")
+            head_as_embedding = "model.embed_tokens.weight" not in keys
+        elif not self.tied_embeddings and "lm_head.weight" not in keys and not getattr(state_dict, "partial", False):
             raise ReasonRLError("update_weights: the state dict has no lm_head.weight but the model's embeddings are untied: pass the full HF state dict")
 
+        def pairs() -> Iterator[tuple[str, Any]]:
+            for k in keys:
+                yield k, state_dict[k]
+            if head_as_embedding:
+                yield "model.embed_tokens.weight", state_dict["lm_head.weight"]
+
         def items() -> Iterator[tuple[str, Any]]:
-            for k, v in sd.items():
+            for k, v in pairs():
                 if isinstance(v, torch.Tensor):
                     v = v.detach()
                     if v.is_floating_point() and v.dtype != target:

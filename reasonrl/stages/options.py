@@ -139,6 +139,7 @@ class Generation:
     tokenizer: Any
     scorer: Any
     model_dir: Path
+    base_dir: Path | None = None  # a LoRA adapter's base model, when model_dir is a bare adapter directory
 
     def close(self) -> None:
         self.scorer.close()
@@ -146,14 +147,26 @@ class Generation:
 
 
 def open_generation(cfg: Any, model_dir: Path | None = None) -> Generation:
+    """The engine on ``model_dir`` (default: ``--model``). ``--model`` may be a bare peft adapter
+    directory (``adapter_config.json``, e.g. a LoRA run's ``policy/adapter/``): the engine loads the
+    base model it names and then the merged weights, in memory."""
     from reasonrl.engines.registry import make_engine
-    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.models.loading import check_weights, load_tokenizer
+    from reasonrl.models.lora import adapter_base, adapter_merged_weights, is_adapter_dir
     from reasonrl.rewards import RewardScorer
 
-    md = model_dir or cfg.policy_dir()
+    adapter = Path(cfg.model) if model_dir is None and is_adapter_dir(cfg.model) else None
+    md = check_weights(adapter_base(adapter), cfg.allow_pickle) if adapter is not None else (model_dir or cfg.policy_dir())
+    merged = adapter_merged_weights(adapter, md, allow_pickle=cfg.allow_pickle) if adapter is not None else None
     tok = load_tokenizer(md)
     engine = make_engine(cfg, str(md), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
-    return Generation(engine, tok, RewardScorer(reward=cfg.reward), md)
+    if merged is not None:
+        try:
+            engine.update_weights(merged)
+        except BaseException:
+            engine.close()
+            raise
+    return Generation(engine, tok, RewardScorer(reward=cfg.reward), adapter or md, base_dir=md if adapter is not None else None)
 
 
 BACKENDS = ("torch", "deepspeed")
@@ -221,6 +234,67 @@ class ScheduleOpts:
             what = f"--lr-schedule {self.lr_schedule}" if self.lr_schedule != "constant" else f"--warmup-ratio {self.warmup_ratio:g}"
             raise ReasonRLError(f"--resume with --steps {steps}, the run's is {old}: its {what} spans --steps, so the LR of every step would change; "
                                 f"resume with --steps {old}, or start over with --overwrite")
+
+
+@dataclass
+class LoraOpts:
+    """LoRA on the trained model (``reasonrl.models.lora``, through peft): rank R > 0 trains an adapter
+    on the blocks' linear layers and keeps the base frozen; 0 is full fine-tuning."""
+
+    lora_rank: int = opt(0, "LoRA rank R (0 = full fine-tuning): train a rank-R adapter W + (α/R)·B·A on the blocks' linear layers, the base frozen; "
+                            "with about 10× the full fine-tuning LR (\"LoRA Without Regret\"; docs/lora.md).")
+    lora_alpha: float | None = opt(None, "LoRA α: the adapter's update is scaled by α/R; default 32 for every rank (\"LoRA Without Regret\", TRL's guide; verl and OpenRLHF use 16).")
+    lora_target_modules: list[str] = opt(["all-linear"], "LoRA targets: 'all-linear' (every linear layer of the blocks: attention and MLP projections, never the LM or value head) "
+                                                        "or module names such as q_proj,v_proj (repeat the option or separate with commas).")
+
+    def _check_lora(self) -> None:
+        from reasonrl.models.lora import ALL_LINEAR
+
+        self.lora_target_modules = [t.strip() for v in self.lora_target_modules for t in str(v).split(",") if t.strip()] or [ALL_LINEAR]
+        others = [flag for flag, on in (("--lora-alpha", self.lora_alpha is not None), ("--lora-target-modules", self.lora_target_modules != [ALL_LINEAR])) if on]
+        if self.lora_rank <= 0:
+            check(self.lora_rank == 0, f"lora_rank must be >= 1 for LoRA, or 0 for full fine-tuning, got {self.lora_rank}")
+            check(not others, f"{' and '.join(others)} set but --lora-rank is 0 (full fine-tuning): give --lora-rank R (e.g. 8) to train an adapter, or drop them")
+        check(self.lora_alpha is None or 0 < self.lora_alpha < math.inf, f"lora_alpha must be finite and > 0, got {self.lora_alpha}")
+
+    def lora_settings(self) -> Any:
+        """The run's ``reasonrl.models.lora.LoraSettings``, or None for full fine-tuning."""
+        from reasonrl.models.lora import DEFAULT_ALPHA, LoraSettings
+
+        if not self.lora_rank:
+            return None
+        return LoraSettings(self.lora_rank, DEFAULT_ALPHA if self.lora_alpha is None else float(self.lora_alpha), tuple(self.lora_target_modules))
+
+    def check_resumed_lora(self, out: Path) -> None:
+        """A --resume of the run in ``out`` with other LoRA settings than it started with: one line
+        (its checkpoints hold an adapter of that shape, or full weights). An unreadable config.json is
+        left to the run's settings check."""
+        import json
+
+        from reasonrl.errors import ReasonRLError
+        from reasonrl.models.lora import ALL_LINEAR
+
+        try:
+            old = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if not isinstance(old, dict):
+            return
+        rank = old.get("lora_rank") or 0
+        if rank != self.lora_rank:
+            if not rank:
+                raise ReasonRLError(f"--resume with --lora-rank {self.lora_rank}: the run in {out} is full fine-tuning (its checkpoints hold full weights); "
+                                    "resume without --lora-rank, or start over with --overwrite")
+            raise ReasonRLError(f"--resume {'without --lora-rank' if not self.lora_rank else f'with --lora-rank {self.lora_rank}'}: the run in {out} trains a "
+                                f"rank-{rank} LoRA adapter (its checkpoints hold only that adapter); resume with --lora-rank {rank}, or start over with --overwrite")
+        def shown(v: Any) -> str:
+            return "(default)" if v is None else ",".join(map(str, v)) if isinstance(v, list) else f"{v:g}" if isinstance(v, float) else str(v)
+
+        for key, flag, default in (("lora_alpha", "--lora-alpha", None), ("lora_target_modules", "--lora-target-modules", [ALL_LINEAR])):
+            was = old.get(key, default)
+            if rank and key in old and was != getattr(self, key):
+                raise ReasonRLError(f"--resume with {flag} {shown(getattr(self, key))}: the run in {out} trains its adapter with {flag} {shown(was)}; "
+                                    f"resume with the run's {flag}, or start over with --overwrite")
 
 
 def start_ranks(cfg: BackendOpts) -> tuple[int, int]:

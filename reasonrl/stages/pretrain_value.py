@@ -43,8 +43,8 @@ from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import SEED_MAX, check, opt, to_dict
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.tracking.base import TRACKER_OUTPUTS
-from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner, start_ranks,
-                                      training_rows)
+from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner,
+                                      start_ranks, training_rows)
 from reasonrl.stages.options import ScheduleOpts
 
 
@@ -53,9 +53,9 @@ OUTPUTS = ("critic", "metrics.jsonl", "bias.json", "summary.json", *TRACKER_OUTP
 
 
 @dataclass
-class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts):
+class PretrainValueConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
-    out: str = opt("runs/critic", "Output directory: critic/ (HF directory), metrics.jsonl, bias.json, manifest.json.")
+    out: str = opt("runs/critic", "Output directory: critic/ (HF directory; with --lora-rank the merged critic, and its adapter in critic/adapter/), metrics.jsonl, bias.json, manifest.json.")
     critic_init: str | None = opt(None, "Initialise the value model from this directory (e.g. a reward model); default: the policy's backbone.")
     steps: int = opt(20, "Value-training steps (each on freshly sampled responses). More is not always better: it overfits.")
     prompts_per_step: int = opt(16, "Prompts sampled per step over all processes (× group_size responses).")
@@ -81,6 +81,7 @@ class PretrainValueConfig(BackendOpts, ModelOpts, RolloutOpts, ScheduleOpts, Tra
         check(self.micro_batch_size <= self.mini_batch_size, "micro_batch_size cannot exceed mini_batch_size")
         check(self.critic_lr > 0, "critic_lr must be > 0")
         self._check_schedule()
+        self._check_lora()
         check(0 <= self.lam_actor <= 1, "lam_actor must be in [0, 1]")
         check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
         check(self.epochs is None or self.epochs >= 1, "epochs must be >= 1")
@@ -180,6 +181,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
     from reasonrl.train.collector import DataStream, Replay
+    from reasonrl.train.backend import save_policy
     from reasonrl.train.step_metrics import flatten_metrics, position_metrics, rollout_metrics
     from reasonrl.train.ranks import Ranks
 
@@ -198,6 +200,11 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
         held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
         group_size, reward = cfg.group_size, cfg.reward_record()
     init_dir = check_weights(cfg.critic_init, cfg.allow_pickle) if cfg.critic_init else policy_dir
+    lora = cfg.lora_settings()
+    if lora is not None:
+        from reasonrl.models.lora import check_targets
+
+        check_targets(init_dir, lora, critic=True)  # (before anything is written)
     rank, world = start_ranks(cfg)
     ranks = Ranks(rank, world)
     out = Path(cfg.out)
@@ -210,6 +217,10 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     dtype = resolve_dtype(cfg.dtype)
     tok = load_tokenizer(policy_dir)
     critic = new_value_model(init_dir, seed=cfg.seed).to(default_device())
+    if lora is not None:  # LoRA on the backbone; the value head trained in full
+        from reasonrl.models.lora import apply_lora, trainable_line
+
+        critic = apply_lora(critic, lora, seed=cfg.seed, base_path=init_dir, critic=True)
     critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype, steps)
     spec = value_spec(cfg.lam_actor)
     engine = scorer = None
@@ -241,7 +252,8 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
         held_st = learner.prepare(held_groups)
         before = _picture(learner, held_st, group_size)
         say(f"[bold]pretrain-value[/] on {policy_dir} ({source}, backend {cfg.backend} ×{world}) | bias picture {label} | "
-            f"before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}")
+            f"before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}"
+            + (f" | {trainable_line(critic)}, the value head in full" if lora is not None else ""))
         for step in range(1, steps + 1):
             status(f"value step {step}: " + ("saved responses" if art is not None else "generate + score"))
             col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
@@ -271,7 +283,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
             if closing is not None:
                 closing.close()
     with run.writing(OUTPUTS) if run is not None else contextlib.nullcontext():
-        critic_backend.save_model(out / "critic", tok)  # every rank: ZeRO-3 gathers the shards
+        save_policy(critic_backend, out / "critic", tok)  # every rank: ZeRO-3 gathers the shards (LoRA: merged, critic/adapter/ the adapter)
         summary = {"steps": steps, "before": flatten_metrics(before), "after": flatten_metrics(after), "last": flatten_metrics(history[-1]) if history else {}}
         if rank == 0:
             bias = {"before": before, "after": after, "held_out": "in-sample" if in_sample else ("rollouts" if art is not None else "validation"), "held_out_prompts": len(held_groups),
@@ -284,7 +296,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
             write_json(out / "summary.json", summary)
             inputs = {"rollouts": str(art.path)} if art is not None else {"data": cfg.data}
             write_manifest(out, "pretrain-value", to_dict(cfg), {**inputs, "policy": str(policy_dir)},
-                           extra={"outputs": ["critic/", "metrics.jsonl", "bias.json"], "world_size": world, "reward": reward, "steps": steps,
+                           extra={"outputs": ["critic/", *(["critic/adapter/"] if lora is not None else []), "metrics.jsonl", "bias.json"], "world_size": world, "reward": reward, "steps": steps,
                                   **({"sampled_by": art.policy} if art is not None else {})})
     say(f"critic → {out / 'critic'} | {'in-sample' if in_sample else 'held-out'} value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
         f"explained variance {before.get('explained_variance', 0):.3f} → {after.get('explained_variance', 0):.3f}")

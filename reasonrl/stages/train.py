@@ -30,13 +30,13 @@ from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.perf import StepPerf
 from reasonrl.rundir import releases_claims
-from reasonrl.stages.options import (BackendOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts, make_backend, make_collector, make_learner,
+from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts, make_backend, make_collector, make_learner,
                                       start_ranks, training_rows, validation_rows)
 from reasonrl.stages.options import ScheduleOpts
 
 
 @dataclass
-class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, ValOpts):
+class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, ValOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, validation.jsonl (with --val-every), checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in docs/algorithms.md).")
@@ -85,6 +85,7 @@ class TrainConfig(BackendOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, 
         check(0 <= self.weight_decay < math.inf, "weight_decay must be finite and >= 0")
         check(0 <= self.grad_clip < math.inf, "grad_clip must be finite and >= 0 (0 = off)")
         self._check_schedule()
+        self._check_lora()
         check(self.keep_last >= 0 and self.max_bad_steps >= 1, "keep_last must be >= 0 and max_bad_steps >= 1")
         check(1.0 <= self.oversample < math.inf, "oversample must be finite and >= 1.0")
         check(self.max_gen_rounds >= 1, "max_gen_rounds must be >= 1")
@@ -255,6 +256,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
 
     from reasonrl.engines.registry import make_engine
     from reasonrl.interrupts import Interrupted, StepAbandoned
+    from reasonrl.models import lora as L
     from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
@@ -282,6 +284,9 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     elif cfg.critic:
         console.print(f"[yellow]note: --algo {cfg.algo} uses no critic; --critic is ignored[/]")
 
+    lora = cfg.lora_settings()
+    if lora is not None:
+        L.check_targets(policy_dir, lora)  # (the architecture on the meta device: a bad target is refused before anything is written)
     rank, world = start_ranks(cfg)
     tok = load_tokenizer(policy_dir)
     rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
@@ -294,6 +299,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     reward = cfg.reward_record()  # (the plug-in file's sha256 as the run starts: a --resume refuses another file)
     settings = {**to_dict(cfg), "reward_file_sha256": reward["sha256"]}
     if rank == 0 and cfg.resume:
+        cfg.check_resumed_lora(out)
         _check_same_reward(out, reward)
         cfg.check_resumed_schedule(out, cfg.steps)
     if rank == 0:  # rank 0 holds the run directory for the whole job
@@ -306,9 +312,17 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype)
     device = default_device()
-    policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir, device=device)
+    if lora is None:
+        policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir, device=device)
+    else:  # the frozen base from --model (in bf16 when the run computes in it: half the memory), the adapter fresh (seeded) or the checkpoint's
+        base = load_causal_lm(policy_dir, device=device, dtype=torch.bfloat16 if dtype == "bf16" else None)
+        policy = L.apply_lora(base, lora, seed=cfg.seed, base_path=policy_dir)
+        if ckpt:
+            L.load_adapter_weights(policy, ckpt / "policy")
     policy.config.use_cache = False
-    ref = load_causal_lm(policy_dir, device=device).eval() if spec.kl_coef > 0 else None
+    ref = None
+    if spec.kl_coef > 0:  # (LoRA: the policy with its adapter off, no second copy)
+        ref = load_causal_lm(policy_dir, device=device).eval() if lora is None else L.reference_model(policy)
     critic_backend = None
     if spec.use_critic:
         from reasonrl.models.value import load_value_model, new_value_model
@@ -334,8 +348,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
 
     val_len = cfg.val_max_response_len or cfg.max_response_len
     engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0))
-    if ckpt:
-        engine.update_weights(policy_backend.full_state_dict())
+    if ckpt:  # (a fresh adapter's B is 0: its merged weights are the base's, which the engine loaded)
+        engine.update_weights(L.engine_weights(policy_backend.model, policy_backend.full_state_dict()))
     scorer = RewardScorer(reward=cfg.reward)
     ranks = Ranks(rank, world)
     collector = make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, ranks=ranks,
@@ -351,7 +365,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         best.load(val_state)
     if rank == 0:
         write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
-        console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts")
+        console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts"
+                      + (f" | {L.trainable_line(policy)}" if lora is not None else ""))
     perf = None if cfg.peak_flops == 0 else StepPerf.for_model(
         policy.config, dtype=dtype, device=device, peak_flops=cfg.peak_flops, group_size=cfg.group_size, epochs=cfg.ppo_epochs,
         mini_batch_size=max(1, cfg.mini_batch_size // world), critic=critic_backend is not None, ref=ref is not None, world=world)
@@ -470,7 +485,10 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         with run.writing(("policy", "summary.json")):
             if (out / "policy").exists():
                 shutil.rmtree(out / "policy")
-            shutil.copytree(final / "policy", out / "policy")
+            if lora is None:
+                shutil.copytree(final / "policy", out / "policy")
+            else:  # merged from the base and the final checkpoint's adapter; the adapter in policy/adapter/
+                L.merge_checkpoint(policy_dir, final / "policy", out / "policy", tok)
             # (a resumed run whose last step was already checkpointed ran no step: its last record is on disk)
             summary = {"steps": end, "last": flatten_metrics(history[-1] if history else last_record(out / "metrics.jsonl", end))}
             if best is not None:
@@ -482,7 +500,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             write_json(out / "summary.json", summary)
             write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None,
                                                         "rollouts": cfg.rollouts or None},
-                           extra={"algo": dataclasses.asdict(spec), "reward": reward, "prompts": prompts, "outputs": ["policy/", "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
+                           extra={"algo": dataclasses.asdict(spec), "reward": reward, "prompts": prompts, "outputs": ["policy/", *(["policy/adapter/"] if lora is not None else []), "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
                                                                                 "checkpoints/", "summary.json",
                                                                                 *(["best/"] if best is not None and best.step is not None else [])]})
     if world > 1:

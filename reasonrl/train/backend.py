@@ -78,6 +78,23 @@ class TrainingBackend(Protocol):
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+def save_policy(backend: Any, out_dir: Path, tokenizer: Any = None) -> None:
+    """The trained model as a deliverable HF directory (``policy/``, ``best/``, a critic): what the
+    backend's ``save_model`` writes for full fine-tuning; for LoRA the merged weights, with the peft
+    adapter in ``out_dir/adapter/`` (``reasonrl.models.lora.save_merged``). Every rank calls it
+    (ZeRO-3 gathers the shards); rank 0 writes."""
+    from reasonrl.models.lora import is_lora, save_merged
+
+    if not is_lora(backend.model):
+        backend.save_model(out_dir, tokenizer)
+        return
+    sd = backend.full_state_dict(master=True)
+    if backend.rank == 0:
+        save_merged(backend.model, sd, Path(out_dir), tokenizer)
+    if backend.world_size > 1:
+        torch.distributed.barrier()
+
+
 class TorchBackend:
     """Single process: AdamW, grad-norm clipping, the LR schedule of :func:`lr_factor`, bf16 autocast."""
 
@@ -119,10 +136,17 @@ class TorchBackend:
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, *, master: bool = False) -> dict[str, torch.Tensor]:
+        """The model's state dict (``master``: the same, one process keeps its weights in full precision)."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save_model(self, out_dir: Path, tokenizer: Any = None) -> None:
+        """The model as saved in a checkpoint: an HF directory, or for LoRA the peft adapter alone."""
+        from reasonrl.models.lora import is_lora, save_adapter
+
+        if is_lora(self.model):
+            save_adapter(self.model, None, Path(out_dir), tokenizer)
+            return
         self.model.save_pretrained(out_dir, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)

@@ -226,13 +226,15 @@ def _write_error(e: BaseException, where: Path) -> str | None:
 
 
 def save_best(out: Path, best: Any, step: int, *, policy_backend: Any, tokenizer: Any, rank: int) -> Path:
-    """``out/best/`` := the current policy (an HF directory) with a ``best.json`` naming the step,
+    """``out/best/`` := the current policy (an HF directory; LoRA: merged, and its ``adapter/``) with a ``best.json`` naming the step,
     the metric and its value; written to ``.best.tmp`` and renamed into place (every rank takes
     part: ZeRO-3 gathers the shards)."""
+    from reasonrl.train.backend import save_policy
+
     d, tmp = out / "best", out / ".best.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    policy_backend.save_model(tmp, tokenizer)
+    save_policy(policy_backend, tmp, tokenizer)  # (LoRA: merged, with its adapter/)
     if rank == 0:
         write_json(tmp / "best.json", {"step": step, "metric": best.metric, "value": best.value})
         shutil.rmtree(d, ignore_errors=True)

@@ -198,6 +198,9 @@ class DeepSpeedBackend:
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=self.config, dist_init_required=False)
         self.model = self.engine.module
         self.device = torch.device(self.engine.device)
+        from reasonrl.models.lora import is_lora
+
+        self._lora = is_lora(self.model)
 
     # ---------------------------------------------------------------- training
     def step(self, micro_batches: Sequence[Any], loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]:
@@ -291,13 +294,18 @@ class DeepSpeedBackend:
 
         All ranks must call it. With bf16 the fp32 master weights are written.
         """
+        from reasonrl.models.lora import is_lora, save_adapter
+
         sd = self.full_state_dict(master=True)
         if self.rank == 0:
             out_dir = Path(out_dir)
             out_dir.mkdir(parents=True, exist_ok=True)
-            self.model.save_pretrained(out_dir, state_dict=sd, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(out_dir)
+            if is_lora(self.model):  # (a checkpoint's policy: the adapter alone)
+                save_adapter(self.model, sd, out_dir, tokenizer)
+            else:
+                self.model.save_pretrained(out_dir, state_dict=sd, safe_serialization=True)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(out_dir)
         self._barrier()
 
     # ---------------------------------------------------------------- checkpoints
@@ -307,7 +315,8 @@ class DeepSpeedBackend:
         if self.rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
         self._barrier()
-        self.engine.save_checkpoint(str(out_dir), tag=_STATE_TAG, client_state={"scheduler": self.scheduler.state_dict(), "world_size": self.world_size})
+        self.engine.save_checkpoint(str(out_dir), tag=_STATE_TAG, client_state={"scheduler": self.scheduler.state_dict(), "world_size": self.world_size},
+                                    exclude_frozen_parameters=self._lora)  # LoRA: the adapter's shards, not the frozen base
         self._barrier()
 
     def load_state(self, out_dir: Path) -> None:
@@ -317,7 +326,8 @@ class DeepSpeedBackend:
         saved_world = len(list((out_dir / _STATE_TAG).glob("*optim_states.pt")))
         if saved_world and saved_world != self.world_size:
             raise ReasonRLError(f"{out_dir} was saved by {saved_world} processes, this run has {self.world_size}: resume with --nproc_per_node {saved_world}")
-        path, client = self.engine.load_checkpoint(str(out_dir), tag=_STATE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False)
+        path, client = self.engine.load_checkpoint(str(out_dir), tag=_STATE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False,
+                                                   load_module_strict=not self._lora)
         if path is None:
             raise ReasonRLError(f"cannot load the DeepSpeed checkpoint in {out_dir}: resume from another checkpoint or start without --resume")
         if client and "scheduler" in client:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reasonrl.errors import ReasonRLError
+from reasonrl.models.lora import engine_weights
 from reasonrl.rollouts import Sample
 from reasonrl.train.collector import Collector
 from reasonrl.progress import status
@@ -102,7 +103,8 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     # 5. Sync: the new policy weights into the generation engine.
     status(f"step {step}: sync weights")
     t0 = time.perf_counter()
-    engine.update_weights(learner.policy_backend.full_state_dict())
+    backend = learner.policy_backend
+    engine.update_weights(engine_weights(backend.model, backend.full_state_dict()))  # (LoRA: the merged linear layers)
     m["perf/weight_sync_s"] = time.perf_counter() - t0
     m["perf/step_s"] = time.perf_counter() - t_step
     m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)

@@ -298,3 +298,41 @@ def test_sigterm_in_eval_is_one_line_and_no_manifest(format_model, reference, tm
     lines = [ln for ln in err.splitlines() if ln.startswith("stopped by SIGTERM")]
     assert len(lines) == 1 and "eval did not finish" in lines[0] and "rerun" in lines[0] and "Traceback" not in err, err[-3000:]
     assert not (out / "manifest.json").exists()
+
+
+def _lora_args(model: Path, data: Path, out: Path) -> list[object]:
+    """The chaos run with a rank-4 LoRA adapter at 10x the LR (validation and the best policy kept too)."""
+    args = _train_args(model, data, out)
+    args[args.index("--lr") + 1] = "1e-2"
+    return [*args, "--lora-rank", "4"]
+
+
+def test_sigkill_then_resume_a_lora_run_is_the_same_run(format_model, prepared, tmp_path) -> None:
+    """One SIGKILL in a random moment of a LoRA run, then --resume: the same metrics, checkpoints
+    (adapter + its optimizer state), best/ and final merged policy/ as an uninterrupted LoRA run, bitwise."""
+    ref, out = tmp_path / "ref", tmp_path / "chaos"
+    t0 = time.monotonic()
+    done = subprocess.run(_cmd(*_lora_args(format_model, prepared, ref)), env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    per_step = (time.monotonic() - t0) / (STEPS + 1)
+    rng = random.Random(4)
+    what = "finished"
+    for _ in range(5):  # (a run that ends before its kill starts over)
+        shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.Popen(_cmd(*_lora_args(format_model, prepared, out)), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        what = _kill_when(proc, out, at_checkpoint=False, after_lines=rng.randint(2, STEPS - 1), extra_s=rng.uniform(0.0, 0.9) * per_step)
+        if what != "finished":
+            break
+    assert what == "mid-step" and 0 < _done_steps(out) < STEPS, (what, _done_steps(out))
+    again = subprocess.run(_cmd(*_lora_args(format_model, prepared, out), "--resume"), env=_env(), capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    _same_run(out, ref)
+    for d in ("policy/adapter", "best/adapter", *(f"checkpoints/step_{n}/policy" for n in range(1, STEPS + 1))):
+        assert (out / d / "adapter_model.safetensors").read_bytes() == (ref / d / "adapter_model.safetensors").read_bytes(), d
+    import torch
+
+    for n in range(1, STEPS + 1):
+        a, b = (torch.load(d / "checkpoints" / f"step_{n}" / "policy_state" / "optim.pt", weights_only=True)["optimizer"] for d in (ref, out))
+        assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys(), n
+        assert all(torch.equal(a["state"][i][k], b["state"][i][k]) for i in a["state"] for k in a["state"][i]), n
+        assert not list((out / "checkpoints" / f"step_{n}" / "policy").glob("model*.safetensors"))  # (no frozen base)

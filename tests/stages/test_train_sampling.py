@@ -21,17 +21,29 @@ def _lines(out) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
 
 
+# LoRA: a large LR and an entropy bonus (a gradient whatever the rewards), so that step 1 surely moves
+# the adapter and step 2 samples from the merged weights the engine got; q_proj alone: the engine gets
+# the blocks' other linear layers too (vLLM reloads a fused qkv whole).
+LORA = {"": [], "lora": ["--lora-rank", "4", "--lr", "3e-2", "--entropy-coef", "0.05"],
+        "lora-q": ["--lora-rank", "2", "--lora-target-modules", "q_proj", "--lr", "3e-2", "--entropy-coef", "0.05"]}
+
+
+@pytest.mark.parametrize("lora", list(LORA))
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_mismatch_metrics_off_the_default_sampling(prepared, format_model, tmp_path, engine):
+def test_mismatch_metrics_off_the_default_sampling(prepared, format_model, tmp_path, engine, lora):
+    """The sampler/trainer log-prob gap in fp32 stays ~0 after updates: full weights, and LoRA's merged weights."""
     if engine == "vllm":
         pytest.importorskip("vllm")
     out = tmp_path / engine
     r = run_cli("train", "--algo", "grpo", "--model", format_model, "--data", prepared, "--out", out, "--engine", engine,
-                "--temperature", "0.6", "--top-p", "0.8", "--top-k", "20", *SMALL)
+                "--temperature", "0.6", "--top-p", "0.8", "--top-k", "20", *SMALL, *LORA[lora])
     assert r.exit_code == 0, r.output
-    for m in _lines(out):
+    lines = _lines(out)
+    for m in lines:
         assert {"rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/mismatch_kl"} <= set(m)
         assert m["rollout/logprob_diff_max"] <= (1e-5 if engine == "hf" else 1e-4), m["rollout/logprob_diff_max"]
+    if lora:
+        assert lines[0]["actor/grad_norm"] > 0 and lines[0]["actor/entropy_loss"] != 0  # step 2 sampled an updated adapter
 
 
 def test_tis_cap_runs_and_logs_its_weights(prepared, format_model, tmp_path):

@@ -6,11 +6,13 @@ shares prompts), and runs the real ``Learner`` update: ``prepare`` (old log-prob
 policy) → ``advantages`` → ``update_policy`` (GRPO's loss + the positive-example NLL) → ``scheduler_step``, for ``--steps`` steps. After
 step ``steps - 1`` it saves the model and the backend state, and at the end it resumes from them
 into a fresh model + backend and redoes the last step. A config ending in "v" runs value
-pretraining's update instead (``run_value``: the critic alone, the stage's own row). Rank 0 writes
-everything to ``--out``.
+pretraining's update instead (``run_value``: the critic alone, the stage's own row); one ending in
+"l" trains a LoRA adapter (``--lora-rank``'s: the base frozen, the adapter saved and resumed as
+`train` does). Rank 0 writes everything to ``--out``.
 
     python tests/train/ds_worker.py --model DIR --backend torch --work W --out ref.pt
     torchrun --nproc_per_node 2 tests/train/ds_worker.py --model DIR --backend deepspeed --zero 2,3,3o --work W --out ds.pt
+    python tests/train/ds_worker.py --model DIR --backend torch --zero 0l --work W --out ref_lora.pt
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 GROUPS, GROUP_SIZE, MICRO, EPOCHS = 4, 4, 3, 2
 HPARAMS = dict(lr=2e-3, weight_decay=0.1, grad_clip=0.5, warmup_steps=2)
+LORA_RANK, LORA_LR = 4, 2e-2
 
 
 def fixed_groups(vocab: int, seed: int = 0) -> list[list[Any]]:
@@ -44,14 +47,29 @@ def fixed_groups(vocab: int, seed: int = 0) -> list[list[Any]]:
     return groups
 
 
-def make_backend(kind: str, model: torch.nn.Module, zero: int, offload: bool) -> Any:
+def make_backend(kind: str, model: torch.nn.Module, zero: int, offload: bool, lora: bool = False) -> Any:
+    hp = {**HPARAMS, "lr": LORA_LR} if lora else HPARAMS
     if kind == "torch":
         from reasonrl.train.backend import TorchBackend
 
-        return TorchBackend(model, dtype="fp32", **HPARAMS)
+        return TorchBackend(model, dtype="fp32", **hp)
     from reasonrl.train.ds_backend import DeepSpeedBackend
 
-    return DeepSpeedBackend(model, dtype="fp32", zero=zero, offload=offload, micro_batch_size=MICRO, **HPARAMS)
+    return DeepSpeedBackend(model, dtype="fp32", zero=zero, offload=offload, micro_batch_size=MICRO, **hp)
+
+
+def policy(model_dir: Path, lora: bool, ckpt: Path | None = None) -> torch.nn.Module:
+    """The policy as `train` loads it: the HF directory (a checkpoint's), or for LoRA the base with a
+    seeded adapter (the checkpoint's adapter loaded into it)."""
+    from reasonrl.models.loading import load_causal_lm
+    from reasonrl.models.lora import LoraSettings, apply_lora, load_adapter_weights
+
+    if not lora:
+        return load_causal_lm(ckpt or model_dir)
+    model = apply_lora(load_causal_lm(model_dir), LoraSettings(LORA_RANK), seed=0, base_path=model_dir)
+    if ckpt is not None:
+        load_adapter_weights(model, ckpt)
+    return model
 
 
 def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, world: int, n_local: int) -> Any:
@@ -110,16 +128,17 @@ def run_value(model_dir: Path, kind: str, zero: int, steps: int) -> dict[str, An
     return {"world": world, "metrics": metrics, "weights": weights} if rank == 0 else None
 
 
-def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path) -> dict[str, Any] | None:
-    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path, lora: bool = False) -> dict[str, Any] | None:
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.models.lora import engine_weights
 
     rank, world = ranks(kind)
     torch.manual_seed(0)
     tok = load_tokenizer(model_dir)
     groups = fixed_groups(len(tok))[rank::world]
     n_local = len(groups) * GROUP_SIZE
-    model = load_causal_lm(model_dir)
-    backend = make_backend(kind, model, zero, offload)
+    model = policy(model_dir, lora)
+    backend = make_backend(kind, model, zero, offload, lora)
     partitioned = all(p.numel() == 0 for p in backend.model.parameters())  # ZeRO-3: each rank holds only its shard
     loop = make_learner(backend.model, backend, tok, rank, world, n_local)
     metrics = []
@@ -130,16 +149,21 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
             backend.save_model(ckpt / "policy", tok)
             backend.save_state(ckpt / "state")
     weights = backend.full_state_dict()
-    # Resume: a fresh model from the saved HF directory + the saved optimizer/scheduler state.
-    model2 = load_causal_lm(ckpt / "policy")
-    backend2 = make_backend(kind, model2, zero, offload)
+    # Resume: a fresh model from the saved HF directory (LoRA: the base and the saved adapter) + the saved optimizer/scheduler state.
+    model2 = policy(model_dir, lora, ckpt / "policy")
+    backend2 = make_backend(kind, model2, zero, offload, lora)
     backend2.load_state(ckpt / "state")
     loop2 = make_learner(backend2.model, backend2, tok, rank, world, n_local)
     resumed = train_step(loop2, groups)
     resumed_weights = backend2.full_state_dict()
     if rank != 0:
         return None
-    return {"world": world, "partitioned": partitioned, "metrics": metrics, "weights": weights, "resumed_metrics": resumed, "resumed_weights": resumed_weights}
+    out = {"world": world, "partitioned": partitioned, "metrics": metrics, "weights": weights, "resumed_metrics": resumed, "resumed_weights": resumed_weights}
+    if lora:  # what the engine gets (HF names, merged), and what the checkpoint holds
+        out.update(weights=dict(engine_weights(backend.model, weights)), resumed_weights=dict(engine_weights(backend2.model, resumed_weights)),
+                   adapter=weights, checkpoint=sorted(p.name for p in (ckpt / "policy").iterdir()),
+                   state_bytes=sum(f.stat().st_size for f in (ckpt / "state").rglob("*") if f.is_file()))
+    return out
 
 
 def main() -> None:
@@ -156,7 +180,7 @@ def main() -> None:
         if name.endswith("v"):
             results[name] = run_value(Path(a.model), a.backend, int(name[0]), a.steps)
         else:
-            results[name] = run(Path(a.model), a.backend, int(name[0]), name.endswith("o"), a.steps, Path(a.work) / f"zero{name}")
+            results[name] = run(Path(a.model), a.backend, int(name[0]), name.endswith("o"), a.steps, Path(a.work) / f"zero{name}", lora=name.endswith("l"))
     if results[name] is not None:
         torch.save(results, a.out)
 

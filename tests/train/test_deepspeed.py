@@ -6,7 +6,8 @@
   of the groups) for ZeRO-2, ZeRO-3 and ZeRO-3 with CPU offload: per-step loss, grad norm, LR and the
   updated weights match;
   a resume from save_model + save_state redoes the last step identically; value pretraining's
-  critic update (the stage's row, no policy) on ZeRO-3 matches one process too.
+  critic update (the stage's row, no policy) on ZeRO-3 matches one process too, and so does a LoRA
+  adapter's update on ZeRO-2 and ZeRO-3 (its merged weights, its resume from the adapter-only checkpoint).
 * The CLI as a user runs it: ``torchrun --nproc_per_node 2 -m reasonrl.cli train --backend deepspeed``
   for ZeRO-2 (5 steps) and ZeRO-3 (2 steps, then ``--resume`` to 3), checking metrics.jsonl, the
   consolidated HF ``policy/`` directory, and that the resumed run continued the LR schedule; and
@@ -42,6 +43,7 @@ ROOT = HERE.parent.parent
 WORKER = HERE / "ds_worker.py"
 CONFIGS = ["2", "3", "3o"]  # ZeRO stage; "o": offload_optimizer (+ offload_param for stage 3) to CPU with torch AdamW
 VALUE = "3v"  # value pretraining's update under ZeRO-3
+LORAS = ["2l", "3l"]  # a LoRA adapter's update under ZeRO-2 and ZeRO-3 (`train --lora-rank`)
 
 
 def _env() -> dict[str, str]:
@@ -95,7 +97,7 @@ def ds_update_results(tiny_model, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("ds_update")
     out = work / "ds.pt"
-    _launch(2, [str(WORKER), "--model", str(tiny_model), "--backend", "deepspeed", "--zero", ",".join(CONFIGS + [VALUE]), "--work", str(work / "ds"), "--out", str(out)])
+    _launch(2, [str(WORKER), "--model", str(tiny_model), "--backend", "deepspeed", "--zero", ",".join(CONFIGS + [VALUE, *LORAS]), "--work", str(work / "ds"), "--out", str(out)])
     ds = torch.load(out, weights_only=False)
     ref = _worker().run(tiny_model, "torch", 0, False, 3, work / "ref")
     return ref, ds
@@ -152,6 +154,31 @@ def test_zero3_value_pretraining_update_matches_single_process(ds_update_results
     for k, w in ref["weights"].items():
         assert (ds["weights"][k] - w).abs().max() <= 5e-5, k
     assert max(float((ref["weights"][k] - init[k]).abs().max()) for k in init) > 1e-3  # the critic moved far beyond the tolerance
+
+
+@pytest.mark.parametrize("zero", LORAS)
+def test_zero_lora_update_matches_single_process(ds_update_results, tiny_model, tmp_path, zero):
+    """ZeRO-2/3 on 2 processes with a LoRA adapter (ZeRO-3: the frozen base partitioned too) = one
+    process: the losses, grad norms and merged weights the engine gets; the checkpoint holds the
+    adapter and the adapter's optimizer shards only (no base), and resuming from it redoes the last step."""
+    from reasonrl.models.loading import load_causal_lm
+
+    ds, ref = ds_update_results[1][zero], _worker().run(tiny_model, "torch", 0, False, 3, tmp_path / "ref", lora=True)
+    assert ds["world"] == 2 and ds["partitioned"] == (zero == "3l") and len(ds["metrics"]) == len(ref["metrics"]) == 3
+    for step, (r, d) in enumerate(zip(ref["metrics"], ds["metrics"]), start=1):
+        assert _close(r["pg_loss"], d["pg_loss"]) and _close(r["grad_norm"], d["grad_norm"]), (step, r, d)
+        assert r["lr"] == pytest.approx(d["lr"], rel=1e-12), step
+    init = load_causal_lm(tiny_model).state_dict()
+    assert sorted(ds["weights"]) == sorted(ref["weights"]) and all(k in init for k in ref["weights"])
+    for k, w in ref["weights"].items():
+        assert (ds["weights"][k] - w).abs().max() <= 5e-5, k
+    assert max(float((ref["weights"][k] - init[k]).abs().max()) for k in ref["weights"]) > 1e-3  # the adapter moved the merged weights
+    for k, w in ds["weights"].items():
+        assert (ds["resumed_weights"][k] - w).abs().max() <= 1e-6, k
+    for who in (ds, ref):
+        assert "adapter_model.safetensors" in who["checkpoint"] and not any(n.startswith("model") for n in who["checkpoint"])
+    base_bytes = 4 * sum(v.numel() for v in init.values())
+    assert ds["state_bytes"] < base_bytes, (ds["state_bytes"], base_bytes)  # the engine state: adapter shards, not the frozen base
 
 
 def test_init_distributed_single_process_and_bad_env(tmp_path):
