@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import functools
 import math
+import resource
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -287,6 +289,18 @@ def gpu_peak_flops(name: str, dtype: str) -> float | None:
         return None
     bf16, fp32 = GPU_PEAK_TFLOPS[keys[0]]
     return (fp32 if dtype == "fp32" else bf16) * 1e12
+
+
+def peak_memory() -> dict[str, float]:
+    """This process's peak memory so far, in GiB: ``perf/peak_rss_gib`` (the host's resident set,
+    the trainer and an in-process engine together) and on CUDA ``perf/peak_gpu_gib`` (what torch's
+    allocator has held; vLLM's KV cache is its own reservation, ``--gpu-memory-utilization``)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # (KiB on Linux, bytes on macOS)
+    out = {"perf/peak_rss_gib": kib / (2**30 if sys.platform == "darwin" else 2**20)}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["perf/peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
 
 
 @functools.lru_cache(maxsize=None)

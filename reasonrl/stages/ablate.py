@@ -516,6 +516,8 @@ def _trapezoid(steps: list[int], ys: list[float]) -> float:
 def run_stats(d: Path) -> dict[str, Any] | None:
     """A finished run's numbers for the table: its validation curve (``validation.jsonl``: per
     problem) and its training metrics (``metrics.jsonl``), or None when it has no validation."""
+    from reasonrl.train.checkpoint import latest_checkpoint
+
     val = sorted(read_jsonl(d / "validation.jsonl"), key=lambda r: r["step"])
     key = next((k for r in val for k in r if re.fullmatch(r"avg@\d+", k)), None)
     val = [r for r in val if key and isinstance(r.get(key), list) and r[key] and isinstance(r.get("where"), list) and len(r["where"]) == len(r[key])]
@@ -539,7 +541,14 @@ def run_stats(d: Path) -> dict[str, Any] | None:
             "best": curve[best][1], "best_step": curve[best][0], "auc": auc, "entropy_final": ent[-1] if ent else math.nan,
             "clipfrac_upper": avg("actor/clipfrac_upper"), "clipfrac_lower": avg("actor/clipfrac_lower"),
             "response_length": avg("rollout/response_length_mean"), "truncated_frac": avg("rollout/truncated_frac"),
-            "ds_rounds": avg("rollout/ds_rounds"), "step_s": avg("perf/step_s")}
+            "ds_rounds": avg("rollout/ds_rounds"), "step_s": avg("perf/step_s"),
+            "peak_rss_gib": max((float(m["perf/peak_rss_gib"]) for m in metrics if isinstance(m.get("perf/peak_rss_gib"), (int, float))), default=math.nan),
+            "checkpoint_mib": _size_mib(latest_checkpoint(d))}
+
+
+def _size_mib(d: Path | None) -> float:
+    """A directory's files in MiB (NaN when there is none: a run's checkpoints may be deleted once it finished)."""
+    return math.fsum(f.stat().st_size for f in d.rglob("*") if f.is_file()) / 2**20 if d is not None else math.nan
 
 
 def _with_ci(per_seed: list[list[float]], n_boot: int) -> dict[str, Any]:
@@ -591,7 +600,8 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
             row["final"] = _with_ci([v["final"] for v in vals], n_boot)
             row["best"] = _with_ci([v["best"] for v in vals], n_boot)
             row["auc"] = _with_ci([v["auc"] for v in vals], n_boot)
-            for k in ("entropy_final", "clipfrac_upper", "clipfrac_lower", "response_length", "truncated_frac", "ds_rounds", "step_s"):
+            for k in ("entropy_final", "clipfrac_upper", "clipfrac_lower", "response_length", "truncated_frac", "ds_rounds", "step_s", "peak_rss_gib",
+                      "checkpoint_mib"):
                 row[k] = _mean([v[k] for v in vals])
             row["curves"] = {str(s): v["curve"] for s, v in stats.items()}
             if prev:
@@ -622,8 +632,8 @@ def _num(x: Any, f: str = "{:.3f}") -> str:
 
 
 def print_table(doc: dict[str, Any], console: Any) -> None:
-    """Two tables that fit a log's 80 columns: held-out accuracy (the intervals of best and AUC are
-    in ablation.json), then what the training did."""
+    """Three tables that fit a log's 80 columns: held-out accuracy (the intervals of best and AUC are
+    in ablation.json), what the training did, and what it cost."""
     from rich import box
     from rich.table import Table
 
@@ -633,18 +643,23 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
     for c in ("rung", "seeds", "final", "best", "AUC", "Δ final"):
         acc.add_column(c, justify="left" if c == "rung" else "right")
     train = Table(title="training (mean over steps and seeds; entropy: the last step's)", box=box.SIMPLE_HEAD)
-    for c in ("rung", "entropy", "clip↑", "clip↓", "len", "trunc", "ds rnd", "s/step"):
+    for c in ("rung", "entropy", "clip↑", "clip↓", "len", "trunc", "ds rnd"):
         train.add_column(c, justify="left" if c == "rung" else "right")
+    cost = Table(title="cost (mean over seeds)", box=box.SIMPLE_HEAD,
+                 caption="peak: a run's largest resident memory (trainer and engine); checkpoint: its last one's size (- once deleted)")
+    for c in ("rung", "s/step", "peak GiB", "checkpoint MiB"):
+        cost.add_column(c, justify="left" if c == "rung" else "right")
     for r in doc["rungs"]:
         bad = [s for s, v in r["runs"].items() if v["status"] not in ("finished", "unfinished")]
         seeds = f"{len(r['seeds_finished'])}/{len(r['runs'])}" + (f" [red]{len(bad)} failed[/]" if bad else "")
         vs = (r.get("vs_previous") or {}).get("final")
         acc.add_row(r["name"], seeds, _pct(r.get("final")), _pct(r.get("best"), ci=False), _pct(r.get("auc"), ci=False), _pct(vs, signed=True))
         train.add_row(r["name"], _num(r.get("entropy_final")), _num(r.get("clipfrac_upper"), "{:.4f}"), _num(r.get("clipfrac_lower"), "{:.4f}"),
-                      _num(r.get("response_length"), "{:.1f}"), _num(r.get("truncated_frac"), "{:.2f}"), _num(r.get("ds_rounds"), "{:.2f}"),
-                      _num(r.get("step_s"), "{:.2f}"))
+                      _num(r.get("response_length"), "{:.1f}"), _num(r.get("truncated_frac"), "{:.2f}"), _num(r.get("ds_rounds"), "{:.2f}"))
+        cost.add_row(r["name"], _num(r.get("step_s"), "{:.2f}"), _num(r.get("peak_rss_gib"), "{:.2f}"), _num(r.get("checkpoint_mib"), "{:.1f}"))
     console.print(acc)
     console.print(train)
+    console.print(cost)
 
 
 # ----------------------------------------------------------------------------------------------- the stage

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from reasonrl.errors import ReasonRLError
 from reasonrl.models.lora import engine_weights
+from reasonrl.perf import peak_memory
 from reasonrl.rollouts import Sample
 from reasonrl.train.collector import Collector
 from reasonrl.progress import status
@@ -107,5 +108,6 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     engine.update_weights(engine_weights(backend.model, backend.full_state_dict()))  # (LoRA: the merged linear layers)
     m["perf/weight_sync_s"] = time.perf_counter() - t0
     m["perf/step_s"] = time.perf_counter() - t_step
+    m.update(peak_memory())
     m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)
     return StepResult(m, col.generated, short_batch=short, bad_step=bad)
