@@ -80,8 +80,8 @@ def test_recipe_unknown_key_and_type(tmp_path):
     assert_user_error(run_cli("train", "--config", tmp_path / "none.toml"), "--config")
 
 
-def test_shipped_recipes_parse():
-    """Every recipe in stages/ builds its stage's config (no unknown keys, right types)."""
+def test_shipped_recipes_parse(tmp_path):
+    """Every recipe in stages/ builds its stage's config (no unknown keys, right types); an ablation spec, every rung's train config."""
     from pathlib import Path
 
     from reasonrl.config import build_config, load_recipe, recipe_layer
@@ -89,11 +89,17 @@ def test_shipped_recipes_parse():
     from reasonrl.stages.eval import EvalConfig
     from reasonrl.stages.pretrain_value import PretrainValueConfig
     from reasonrl.stages.train import TrainConfig
+    from reasonrl.stages.ablate import AblateConfig, make_plan, train_config
 
     kinds = {"prepare-data": PrepareConfig, "pretrain-value": PretrainValueConfig, "train": TrainConfig, "eval": EvalConfig}
     files = sorted((Path(__file__).resolve().parents[2] / "stages").glob("*.toml"))
     assert len(files) >= 8
     for f in files:
+        if f.name.startswith("ablate"):  # (an ablation's spec: its rungs are train overrides)
+            plan = make_plan(AblateConfig(spec=str(f), out=str(tmp_path / f.stem), sets=[f"data={tmp_path}"]))
+            for r in plan.rungs:
+                train_config(plan, r, plan.seeds[0], tmp_path / f.stem)
+            continue
         stage = next(k for k in kinds if f.name.startswith(k))
         extra = {"inputs": ["x.jsonl"]} if stage == "prepare-data" else {}
         build_config(kinds[stage], recipe_layer(load_recipe(f), stage), extra)
