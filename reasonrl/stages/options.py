@@ -181,6 +181,7 @@ class BackendOpts:
     backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
+    max_tokens_per_micro_batch: int = opt(0, "Cut micro-batches to this many tokens each (padding included: a micro-batch's distinct prompts at its longest prompt plus its rows at its longest response) instead of --micro-batch-size rows: short responses go many to a forward, long ones few (verl's ppo_max_token_len_per_gpu); the gradient is the same. 0 = by rows.")
     gradient_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward pass (transformers' gradient checkpointing): a sequence then keeps one hidden state per layer instead of every intermediate, which long responses on big models need (see stages/*-qwen32b.toml); costs about one more forward.")
 
     def _check_backend(self, mini_batch_size: int, micro_batch_size: int) -> None:
@@ -189,6 +190,7 @@ class BackendOpts:
         world = int(os.environ.get("WORLD_SIZE", "1")) if self.backend == "deepspeed" else 1
         check(mini_batch_size % world == 0, f"mini_batch_size ({mini_batch_size}) must be divisible by the number of processes ({world})")
         check(micro_batch_size <= mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({mini_batch_size // world})")
+        check(self.max_tokens_per_micro_batch >= 0, f"max_tokens_per_micro_batch must be >= 0 (0 = micro-batches of --micro-batch-size rows), got {self.max_tokens_per_micro_batch}")
 
 
 @dataclass
@@ -378,4 +380,4 @@ def make_learner(cfg: Any, *, spec: Any, tokenizer: Any, dtype: str, ranks: Any,
     return Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref_model,
                    sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k), pad_id=pad_id, max_len=cfg.max_response_len,
                    micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // ranks.world), ppo_epochs=ppo_epochs,
-                   dtype=dtype, seed=cfg.seed, ranks=ranks)
+                   dtype=dtype, seed=cfg.seed, ranks=ranks, max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch)

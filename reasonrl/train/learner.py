@@ -21,10 +21,11 @@ the reward), with several updates, or when ``fuse_old_logp=False``. Caveat: the 
 in training mode, so for a model with dropout the old log-probs would include its noise
 (reasonrl's models have none; TRL makes the same choice).
 
-Micro-batches: inside a mini-batch, rows are arranged by prompt (a group's rows together, so the
-shared-prompt forward computes each prompt once per micro-batch, not once per row) and by length
-(similar lengths together: less padding); the mini-batch itself stays a random draw, and the
-accumulated gradient is the mini-batch's whatever the arrangement.
+Micro-batches (``reasonrl.train.micro``): inside a mini-batch, rows are arranged by prompt (a group's
+rows together, so the shared-prompt forward computes each prompt once per micro-batch, not once per
+row) or by length (similar lengths together: less padding), and cut by rows or to a token budget; the
+mini-batch itself stays a random draw, and the accumulated gradient is the mini-batch's whatever the
+arrangement and the cut.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from reasonrl.algos.diagnostics import add_clip_counts, clip_by_prob_bucket, cli
 from reasonrl.algos.objective import policy_objective
 from reasonrl.rollouts import Sample
 from reasonrl.train.batch import Batch, response_logits, response_values
+from reasonrl.train.micro import RowLengths, arrange, by_rows, split_to, to_budget
 from reasonrl.train.passes import StepTensors, no_grad_passes, off_policy, step_tensors
 from reasonrl.train.ranks import Ranks, mix
 
@@ -72,16 +74,19 @@ class Learner:
         ranks: this process among the run's processes (loss normalisation and metrics are global).
         fuse_old_logp: with one update per batch, take the old log-probs from the update's own
             forward (module doc); False always runs the separate pass.
+        max_tokens_per_micro_batch: > 0 cuts micro-batches to this many tokens (padding included)
+            instead of ``micro_batch_size`` rows (``reasonrl.train.micro``); the gradient is the same.
     """
 
     def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module | None, policy_backend: Any, critic_backend: Any,
                  ref_model: torch.nn.Module | None, sampling: A.Sampling, pad_id: int, max_len: int, micro_batch_size: int,
                  mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, ranks: Ranks | None = None,
-                 fuse_old_logp: bool = True) -> None:
+                 fuse_old_logp: bool = True, max_tokens_per_micro_batch: int = 0) -> None:
         self.spec, self.policy, self.policy_backend, self.critic_backend, self.ref_model = spec, policy, policy_backend, critic_backend, ref_model
         self.sampling = sampling
         self.pad_id, self.max_len = pad_id, max_len
         self.micro, self.mini, self.epochs, self.dtype = micro_batch_size, mini_batch_size, ppo_epochs, dtype
+        self.token_budget = max_tokens_per_micro_batch
         self.ranks = ranks or Ranks()
         self.rank, self.world = self.ranks.rank, self.ranks.world
         self.seed = seed
@@ -139,7 +144,9 @@ class Learner:
         ref = self.ref_model if others else None
         critic = self.critic_backend.model if others and self.critic_backend is not None else None
         if policy or ref is not None or critic is not None:
-            no_grad_passes(st, policy=self.policy if policy else None, ref=ref, critic=critic, sampling=self.sampling, micro=self.micro,
+            rows = list(range(st.batch.input_ids.shape[0]))  # (in group order)
+            micros = by_rows(rows, self.micro) if self.token_budget <= 0 else self.micro_batches(st, rows)
+            no_grad_passes(st, policy=self.policy if policy else None, ref=ref, critic=critic, sampling=self.sampling, micros=micros,
                            device=self.device, dtype=self.dtype)
 
     def _off_policy(self, st: StepTensors) -> None:
@@ -169,33 +176,26 @@ class Learner:
             out += [perm[i : i + self.mini] for i in range(0, B, self.mini)]
         return out
 
-    def arrange(self, st: StepTensors, mini: list[int]) -> list[int]:
-        """The mini-batch's rows in the order they are cut into micro-batches: the cheaper (by a
-        token count of the two passes: each micro-batch's distinct prompts at its longest prompt,
-        its rows at its longest response) of a group's rows together (groups longest first, each
-        longest first: every prompt computed once per micro-batch) and all rows longest first
-        (least padding; each row may bring its own prompt)."""
-        if len(mini) <= self.micro:
-            return mini
-        resp = st.batch.valid.sum(1).tolist()
-        prompt = st.batch.attention_mask[:, : st.batch.prompt_len].sum(1).tolist()
-        group = st.group.tolist() if st.group is not None else list(range(len(resp)))
-        top: dict[int, float] = {}
-        for r in mini:
-            top[group[r]] = max(top.get(group[r], 0.0), resp[r])
+    def lengths(self, st: StepTensors) -> RowLengths:
+        """The batch's per-row prompt and response token counts and groups (what a micro-batch costs)."""
+        P = st.batch.prompt_len
+        group = st.group.tolist() if st.group is not None else list(range(st.batch.input_ids.shape[0]))
+        return RowLengths(prompt=[int(x) for x in st.batch.attention_mask[:, :P].sum(1).tolist()],
+                          response=[int(x) for x in st.batch.valid.sum(1).tolist()], group=group)
 
-        def cost(order: list[int]) -> float:
-            total = 0.0
-            for i in range(0, len(order), self.micro):
-                mic = order[i : i + self.micro]
-                total += len({group[r] for r in mic}) * max(prompt[r] for r in mic) + len(mic) * max(resp[r] for r in mic)
-            return total
+    def micro_batches(self, st: StepTensors, rows: list[int]) -> list[list[int]]:
+        """``rows`` (a mini-batch) cut into micro-batches (``reasonrl.train.micro``): arranged and cut
+        every ``micro_batch_size`` rows, or to ``max_tokens_per_micro_batch`` tokens each, as many on
+        every rank (the most any rank needs)."""
+        lens = self.lengths(st)
+        if self.token_budget <= 0:
+            return by_rows(arrange(lens, rows, self.micro), self.micro)
+        micros = to_budget(lens, rows, self.token_budget)
+        if self.world > 1:
+            micros = split_to(lens, micros, int(self._all_max(torch.tensor(float(len(micros)), dtype=torch.float64))))
+        return micros
 
-        by_group = sorted(mini, key=lambda r: (-top[group[r]], group[r], -resp[r]))
-        by_length = sorted(mini, key=lambda r: (-resp[r], group[r]))
-        return min(by_group, by_length, key=cost)
-
-    def _weights(self, mask: torch.Tensor, mini: list[int], agg: str) -> list[tuple[list[int], float]]:
+    def _weights(self, mask: torch.Tensor, micros: list[list[int]], agg: str) -> list[tuple[list[int], float]]:
         """Each micro-batch's weight so the accumulated gradient equals the mini-batch's aggregate.
 
         token-mean: micro tokens / mini tokens; seq modes: micro counted rows / mini counted rows,
@@ -203,17 +203,16 @@ class Learner:
         mask, or the critic's valid tokens). Counts are summed over ranks, and scaled by world size
         because DDP/ZeRO average gradients.
         """
-        m = mask[mini]
-        per_row = m.sum(1)
+        per_row = mask[[r for m in micros for r in m]].sum(1)
         unit = per_row if agg == "token-mean" else (per_row > 0).float()
         total = float(self._all_sum(unit.sum()))
         if total <= 0:
             return []  # nothing counted on any rank: every rank skips this mini-batch together
-        micros = [mini[i : i + self.micro] for i in range(0, len(mini), self.micro)]
-        res = []
-        for j, mic in enumerate(micros):
-            w = float(unit[j * self.micro : j * self.micro + len(mic)].sum())
+        res, at = [], 0
+        for mic in micros:
+            w = float(unit[at : at + len(mic)].sum())
             res.append((mic, (w / total) * self.world))
+            at += len(mic)
         return res
 
     def _correct_tokens(self, st: StepTensors, mini: list[int]) -> float:
@@ -243,7 +242,7 @@ class Learner:
         minis = self._minibatches(st.batch.input_ids.shape[0])
         per_epoch = len(minis) // self.epochs
         for mi, mini in enumerate(minis):
-            micros = self._weights(st.batch.mask, self.arrange(st, mini), s.loss_agg)
+            micros = self._weights(st.batch.mask, self.micro_batches(st, mini), s.loss_agg)
             if not micros:
                 if st.old_from_update:  # no update (nothing counted on any rank): the old log-probs and entropy still come from a forward
                     self._passes(st, policy=True, others=False)
@@ -334,7 +333,7 @@ class Learner:
         assert st.values is not None and st.returns is not None
         metrics: dict[str, list[float]] = {}
         for mini in self._minibatches(st.batch.input_ids.shape[0]):
-            micros = self._weights(st.batch.valid, self.arrange(st, mini), "token-mean")  # the value loss counts every valid token
+            micros = self._weights(st.batch.valid, self.micro_batches(st, mini), "token-mean")  # the value loss counts every valid token
             if not micros:
                 continue
             for k, v in self.critic_backend.step(micros, partial(self._critic_micro_loss, st=st)).items():

@@ -69,21 +69,16 @@ def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bo
                        group=torch.tensor([s.group for s in flat], dtype=torch.long), old_from_update=old_from_update)
 
 
-def micro_slices(n: int, micro: int) -> list[list[int]]:
-    """Rows 0 .. n-1 in order, cut into micro-batches of ``micro`` rows."""
-    return [list(range(i, min(i + micro, n))) for i in range(0, n, micro)]
-
-
 @torch.no_grad()
 def no_grad_passes(st: StepTensors, *, policy: torch.nn.Module | None, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
-                   sampling: A.Sampling, micro: int, device: torch.device, dtype: str) -> None:
-    """The forwards over the batch in group order, of the models given: the policy's (old log-probs
+                   sampling: A.Sampling, micros: list[list[int]], device: torch.device, dtype: str) -> None:
+    """The forwards over the batch's ``micros`` (row indices, together every row once), of the models given: the policy's (old log-probs
     and entropy of the sampling distribution), the reference's (its log-probs), the critic's
     (values), each zero off the valid tokens. The policy and the critic run in eval mode."""
     models = [m for m in (policy, critic) if m is not None]
     for m in models:
         m.eval()
-    for idx in micro_slices(st.batch.response_ids.shape[0], micro):
+    for idx in micros:
         mb = st.batch.select(idx).to(device)
         t = mb.T
         with autocast_ctx(dtype):

@@ -96,3 +96,21 @@ def test_pretrain_value_takes_the_schedule(prepared, tiny_model, tmp_path):
     # --warmup-ratio 0.3 of 3 steps: ceil(0.9) = 1 warm-up step; then the cosine to 0 at step 3
     assert lrs == pytest.approx([1e-4 * lr_factor(s, schedule="cosine", warmup_steps=1, total_steps=3, min_lr_ratio=0.0) for s in range(3)], rel=1e-12)
     assert lrs[0] == lrs[1] == 1e-4 and 0 < lrs[2] < 1e-4
+
+
+def test_token_budget_micro_batches_on_the_cli(prepared, tiny_model, tmp_path):
+    """`--max-tokens-per-micro-batch` trains (train and pretrain-value) and is in config.json; a
+    negative budget is one line."""
+    out = tmp_path / "budget"
+    r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", out, "--steps", "1", *SMALL, "--max-tokens-per-micro-batch", "48")
+    assert r.exit_code == 0, r.output
+    (m,) = _lines(out)
+    assert json.loads((out / "config.json").read_text())["max_tokens_per_micro_batch"] == 48 and "actor/grad_norm" in m
+    critic = tmp_path / "critic"
+    r = run_cli("pretrain-value", "--model", tiny_model, "--data", prepared, "--out", critic, "--steps", "1", "--engine", "hf", "--dtype", "fp32",
+                "--group-size", "4", "--max-response-len", "8", "--prompts-per-step", "2", "--mini-batch-size", "8", "--micro-batch-size", "4",
+                "--eval-prompts", "1", "--max-tokens-per-micro-batch", "48")
+    assert r.exit_code == 0, r.output
+    for stage in ("train", "pretrain-value"):
+        r = run_cli(stage, "--model", tiny_model, "--data", prepared, "--out", tmp_path / f"bad-{stage}", "--max-tokens-per-micro-batch", "-1")
+        assert_user_error(r, "max_tokens_per_micro_batch must be >= 0")

@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 WORKER = HERE / "ds_worker.py"
-CONFIGS = ["2", "3", "3o"]  # ZeRO stage; "o": offload_optimizer (+ offload_param for stage 3) to CPU with torch AdamW
+CONFIGS = ["2", "3", "3o", "3t"]  # ZeRO stage; "o": offload_optimizer (+ offload_param for stage 3) to CPU with torch AdamW; "t": token-budget micro-batches
 VALUE = "3v"  # value pretraining's update under ZeRO-3
 LORAS = ["2l", "3l"]  # a LoRA adapter's update under ZeRO-2 and ZeRO-3 (`train --lora-rank`)
 
@@ -105,8 +105,22 @@ def ds_update_results(tiny_model, tmp_path_factory):
 
 @pytest.mark.parametrize("zero", CONFIGS)
 def test_zero_update_matches_single_process(ds_update_results, tiny_model, zero):
+    """ "3t": micro-batches cut to a token budget, a different count on each rank before the ranks
+    even them out (ZeRO-3 gathers in every forward: unequal counts would hang), against one process
+    cut by rows."""
     from reasonrl.models.loading import load_causal_lm
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.train.micro import RowLengths, to_budget
 
+    if zero.endswith("t"):
+        w = _worker()
+        groups = w.fixed_groups(len(load_tokenizer(tiny_model)))
+        counts = []
+        for rank in range(2):
+            flat = [s for g in groups[rank::2] for s in g]
+            lens = RowLengths([len(s.prompt_ids) for s in flat], [len(s.response_ids) for s in flat], [s.group for s in flat])
+            counts.append(len(to_budget(lens, list(range(len(flat))), w.TOKEN_BUDGET)))
+        assert counts[0] != counts[1], counts  # (the evening-out is exercised)
     ref, all_ds = ds_update_results
     ds = all_ds[zero]
     assert ds["world"] == 2 and ref["world"] == 1

@@ -142,9 +142,9 @@ def test_micro_batches_hold_whole_groups_when_prompts_dominate(tiny_model) -> No
                           pad_id=tok.pad_token_id, max_len=12, micro_batch_size=4, mini_batch_size=16, ppo_epochs=1, dtype="fp32", seed=0)
         st = learner.prepare(groups)
         mini = torch.randperm(16, generator=torch.Generator().manual_seed(3)).tolist()
-        order = learner.arrange(st, mini)
-        assert sorted(order) == list(range(16))
-        micros = [order[i : i + 4] for i in range(0, 16, 4)]
+        micros = learner.micro_batches(st, mini)
+        order = [r for m in micros for r in m]
+        assert sorted(order) == list(range(16)) and [len(m) for m in micros] == [4] * 4
         whole = all(len({int(st.group[r]) for r in mic}) == 1 for mic in micros)
         lengths = st.batch.valid.sum(1)[order].tolist()
         assert whole == together
