@@ -38,6 +38,9 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
         ranks.sum(torch.tensor(local, dtype=torch.float64)).tolist())
     len_max, gen_s, score_s = ranks.max(torch.tensor([max((s.length for s in gen), default=0), col.stats.gen_seconds,
                                                       col.stats.score_seconds], dtype=torch.float64)).tolist()
+    # The length distribution over every rank's responses: a histogram by token count, summed.
+    hist = ranks.sum(torch.bincount(torch.tensor([s.length for s in gen], dtype=torch.long), minlength=int(len_max) + 1)[: int(len_max) + 1]
+                     .to(torch.float64))
     m: dict[str, Any] = {}
     if n:
         m.update({
@@ -46,6 +49,7 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
             "rollout/acc_mean": corr / n,
             "rollout/response_length_mean": lens / n,
             "rollout/response_length_max": int(len_max),
+            **{f"rollout/response_length_p{q}": _quantile(hist, q / 100) for q in (50, 90, 99)},
             "rollout/prompt_length_mean": plen / n_groups,
             "rollout/truncated_frac": trunc / n,
             "rollout/no_answer_frac": noans / n,
@@ -126,3 +130,8 @@ def flatten_metrics(m: dict[str, Any]) -> dict[str, Any]:
     """Drop the bulky lists for the console; keep everything for metrics.jsonl."""
     return {k: v for k, v in m.items() if not isinstance(v, (list, dict))}
 
+
+def _quantile(hist: torch.Tensor, q: float) -> int:
+    """The smallest length with at least a fraction ``q`` of the responses at or below it."""
+    cum = hist.cumsum(0)
+    return int(torch.searchsorted(cum, q * float(cum[-1])).item())

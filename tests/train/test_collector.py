@@ -4,6 +4,7 @@ shared equally, the stream is one global stream, and the counts are global."""
 
 from __future__ import annotations
 
+import math
 import socket
 
 import pytest
@@ -48,7 +49,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, n: int, out: dict)
     metrics = rollout_metrics(col, None, Ranks(rank, world))
     out[rank] = {"share": [g[0].group for g in col.groups], "pads": [g[0].pad for g in col.groups], "kept": col.kept_groups,
                  "generated": col.generated_groups, "dropped_wrong": col.dropped_all_wrong, "rounds": col.rounds,
-                 "stream": stream.state(), "metrics": {k: v for k, v in metrics.items() if not k.startswith("perf/")}}
+                 "stream": stream.state(), "lengths": [s.length for s in col.generated], "metrics": {k: v for k, v in metrics.items() if not k.startswith("perf/")}}
     dist.destroy_process_group()
 
 
@@ -72,6 +73,9 @@ def test_two_ranks_keep_every_informative_group(tiny_model) -> None:
     assert len(r0["share"]) == len(r1["share"]) == 2 and not any(r0["pads"] + r1["pads"])  # equal shares
     assert r0["stream"] == r1["stream"] == {"epoch": 0, "pos": 7}  # one global stream
     assert r0["metrics"] == r1["metrics"]  # global metrics, the same on both ranks
+    lengths = sorted(r0["lengths"] + r1["lengths"])  # the length percentiles: of both ranks' responses
+    for q in (50, 90, 99):
+        assert r0["metrics"][f"rollout/response_length_p{q}"] == lengths[math.ceil(q / 100 * len(lengths)) - 1], q
     assert r0["metrics"]["rollout/ds_kept_groups"] == 4 and r0["metrics"]["rollout/batch_size"] == 16
     assert r0["metrics"]["rollout/acc_mean"] == pytest.approx(8 / 28)  # 4 groups x 2 correct of 7 x 4 responses
 
