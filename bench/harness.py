@@ -1,4 +1,4 @@
-"""What the bench scripts share: the two regimes' prepared data, `reasonrl train` run as a
+"""What the bench scripts share: the regimes' prepared data, `reasonrl train` run as a
 subprocess of the real CLI, and the per-step records read back from its ``metrics.jsonl``.
 
 Not a package: the scripts next to it import it by name (Python puts a script's folder first on
@@ -46,6 +46,9 @@ REGIMES = {
     # Decode-heavy: MATH-500 problems in the DAPO template (SmolLM2 writes past 256 tokens on most),
     # kept whole (no decontamination against MATH-500 itself, no held-out rows).
     "math": Regime("math", (_math500(),), ("--template", "dapo", "--set", "decontaminate=", "--val-size", "0"), 256),
+    # Where long CoT lives, in miniature: the main job's addition chains in their worked-steps
+    # template (3-6 numbers, one addition a line), L_max 512, so the lengths' spread and tail count.
+    "long": Regime("long", (str(ROOT / "data" / "chains.jsonl"),), ("--template", "chains", "--val-size", "0"), 512),
 }
 
 
@@ -91,7 +94,8 @@ def train(args: list[str], out: Path, log: Path) -> list[dict[str, Any]]:
 def reasonrl_step(m: dict[str, Any]) -> dict[str, float]:
     """One reasonrl step's record in the bench's common form."""
     return {"step_s": m["perf/step_s"], "gen_tokens": m["rollout/gen_tokens"], "gen_s": m["perf/generate_s"], "score_s": m["perf/score_s"],
-            "prompt_len": m.get("rollout/prompt_length_mean", float("nan"))}
+            "prompt_len": m.get("rollout/prompt_length_mean", float("nan")),
+            **{f"len_{k}": m.get(f"rollout/response_length_{k}", float("nan")) for k in ("mean", "p50", "p90", "p99", "max")}}
 
 
 def summarize(steps: list[dict[str, float]]) -> dict[str, float]:

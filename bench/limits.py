@@ -65,6 +65,7 @@ def main() -> None:
     g.add_argument("--micro-batch-size", type=int, default=16)
     g.add_argument("--dtype", default="auto", help="the step's dtype (auto: reasonrl's resolution on this machine)")
     ap.add_argument("--seconds", type=float, default=0.2, help="timing per GEMM product")
+    ap.add_argument("--json", default=None, help="--run: also write each phase's bound, measured seconds and share here (bench/vs_trl.py --results reads it)")
     a = ap.parse_args()
 
     import torch
@@ -126,6 +127,7 @@ def main() -> None:
           f"{w.decode_bytes / 1e9:.2f} GB -> {decode_side}-bound; forward {w.forward_flops / 1e9:.1f} GFLOP, update {w.update_flops / 1e9:.1f} GFLOP)")
     head = f"{'phase':14s} {'bound s':>9s}" + (f" {'measured s':>10s} {'share':>6s}" if cfg else "")
     print(head + (f"   (means over steps {timed[0][0].get('step')}..{timed[-1][0].get('step')})" if cfg else ""))
+    doc: dict[str, Any] = {"cpu": cpu, "dtype": dtype, "phases": {}}
     for phase in [*(k for k in bounds[0] if k != "step"), "step"]:
         b = statistics.fmean(x[phase] for x in bounds)
         line = f"{phase:14s} {b:9.3f}"
@@ -133,12 +135,15 @@ def main() -> None:
             got = [m.get(f"perf/{phase}_s") for m, _ in timed]
             if all(x for x in got):
                 share = sum(x[phase] for x in bounds) / sum(got)
+                doc["phases"][phase] = {"bound_s": b, "measured_s": statistics.fmean(got), "share": share}
                 line += f" {statistics.fmean(got):10.3f} " + (f"{share:6.1%}" if b > 0 else f"{'-':>6s}   (no work: the old log-probs are the update's own forward)")
         print(line)
     if cfg:
         other = statistics.fmean(m["perf/step_s"] - sum(m.get(f"perf/{p}_s", 0.0) for p in ("generate", "prepare", "update_critic", "update_actor", "weight_sync"))
                                  for m, _ in timed)
         print(f"{'(score+other)':14s} {0.0:9.3f} {other:10.3f}   reward scoring and bookkeeping: no bound")
+        if a.json:
+            Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A whole RL step, reasonrl vs TRL's GRPOTrainer, at equal settings, side by side in one run.
 
     pip install -e ".[bench]"                                  # TRL 1.16.0, for this script only
-    .venv/bin/python bench/vs_trl.py                           # both regimes, TRL + reasonrl (vllm, hf), 2 rounds x 3 steps
+    .venv/bin/python bench/vs_trl.py                           # the fewshot and math regimes, TRL + reasonrl (vllm, hf), 2 rounds x 3 steps
+    .venv/bin/python bench/vs_trl.py --regimes long --frameworks trl,vllm --dtype bf16 --results bench/results   # + bench/results/long.json
     .venv/bin/python bench/vs_trl.py --model /tmp/tiny --prompts 2 --group-size 2 --max-response-len 8 --rounds 1 --steps 2   # smoke
 
 Same model, prompts (a prepared data directory, taken in reasonrl's data order by both), G, L_max,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -151,7 +153,38 @@ def report(regime: H.Regime, a: argparse.Namespace, results: dict[str, list[dict
         tp = f"{r['tok_per_s'] / base['tok_per_s']:.2f}x" if base else "-"
         print(f"{FRAMEWORKS[fw]:32s} {r['s_median']:10.2f} {r['s_min']:7.2f}..{r['s_max']:<7.2f} {r['tok_per_step']:12.0f} {r['prompt_len']:10.1f} "
               f"{r['tok_per_s']:10.1f} {r['gen_tok_per_s']:9.1f} {sp:>12s} {tp:>11s}")
+    for fw, steps in results.items():  # the responses' length distribution (reasonrl's metrics; medians over the timed steps)
+        if fw != "trl" and steps:
+            q = {k: statistics.median(s[f"len_{k}"] for s in steps) for k in ("mean", "p50", "p90", "p99", "max")}
+            rows[fw]["lengths"] = q
+            print(f"response lengths ({FRAMEWORKS[fw]}, median over steps): mean {q['mean']:.0f}, p50 {q['p50']:.0f}, p90 {q['p90']:.0f}, "
+                  f"p99 {q['p99']:.0f}, max {q['max']:.0f} of L_max {a.max_response_len or regime.max_response_len}")
     return rows
+
+
+def write_results(out: Path, regime: H.Regime, a: argparse.Namespace, row: dict[str, Any], work: Path) -> None:
+    """``out/<regime>.json``: TRL's and reasonrl's (vLLM) s/step side by side, and the reasonrl run's
+    shares of its bound (``bench/limits.py --run`` on its last round's run directory)."""
+    import datetime
+    import subprocess
+
+    run = work / "runs" / f"{regime.name}-vllm-round{a.rounds}"
+    lim = work / f"limits-{regime.name}.json"
+    subprocess.run([sys.executable, str(Path(__file__).with_name("limits.py")), "--run", str(run), "--skip-first", str(a.warmup), "--json", str(lim)],
+                   check=True, env=H.cli_env(), stdout=subprocess.DEVNULL)
+    shares = json.loads(lim.read_text())
+    ph = shares["phases"]
+    trl, rr = row.get("trl"), row["vllm"]
+    doc = {"regime": regime.name, "trl_s_per_step": trl["s_median"] if trl else None, "reasonrl_s_per_step": rr["s_median"],
+           "ratio": trl["s_median"] / rr["s_median"] if trl else None,
+           "step_bound_frac": ph.get("step", {}).get("share"), "generate_bound_frac": ph.get("generate", {}).get("share"),
+           "update_bound_frac": ph.get("update_actor", {}).get("share"), "cpu": shares["cpu"], "dtype": a.dtype,
+           "date": datetime.date.today().isoformat(), "prompts": a.prompts or regime.prompts, "group_size": a.group_size or regime.group_size,
+           "max_response_len": a.max_response_len or regime.max_response_len, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+           "lengths": rr.get("lengths"), "frameworks": row, "phases": ph}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{regime.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out / f'{regime.name}.json'}")
 
 
 def main() -> None:
@@ -165,7 +198,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="steps discarded at the start of every run")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the regime's, 8)")
     ap.add_argument("--group-size", type=int, default=None, help="samples per prompt G (default: the regime's, 8)")
-    ap.add_argument("--max-response-len", type=int, default=None, help="L_max (default: the regime's, 64 / 256)")
+    ap.add_argument("--max-response-len", type=int, default=None, help="L_max (default: the regime's, 64 / 256 / 512)")
     ap.add_argument("--max-prompt-len", type=int, default=1024, help="reasonrl skips longer prompts (TRL never truncates): above MATH-500's longest")
     ap.add_argument("--micro-batch-size", type=int, default=16, help="responses per forward/backward, both frameworks")
     ap.add_argument("--temperature", type=float, default=1.0)
@@ -176,6 +209,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, logs, and run directories (metrics.jsonl + config.json; checkpoints deleted)")
     ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
+    ap.add_argument("--results", default=None, help="also write DIR/<regime>.json (bench/results/: TRL vs reasonrl --engine vllm, and the bound shares of bench/limits.py)")
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(a.trl_worker)
@@ -205,6 +239,11 @@ def main() -> None:
                 print(f"round {rnd + 1} {r.name:8s} {FRAMEWORKS[fw]:32s} s/step " + " ".join(f"{s['step_s']:.2f}" for s in steps)
                       + f" (first {a.warmup} discarded) | process {time.perf_counter() - t0:.0f}s", flush=True)
     summary = {r.name: report(r, a, results[r.name]) for r in regimes}
+    if a.results:
+        if "vllm" not in fws:
+            ap.error("--results compares reasonrl's default engine: include vllm in --frameworks")
+        for r in regimes:
+            write_results(Path(a.results), r, a, summary[r.name], work)
     print("\nx TRL s/step: TRL's median seconds per step / this framework's (> 1: faster than TRL). tok/s step: generated tokens "
           "per second of whole step; tok/s gen: per second of generation alone. prompt tok: prompt tokens per response.")
     if a.json:
