@@ -43,9 +43,8 @@ from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import SEED_MAX, check, opt, to_dict
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.tracking.base import TRACKER_OUTPUTS
-from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, RolloutOpts, TrackOpts, make_backend, make_collector, make_learner,
-                                      start_ranks, training_rows)
-from reasonrl.stages.options import ScheduleOpts
+from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, make_backend, make_collector,
+                                      make_learner, start_ranks, training_rows)
 
 
 #: What `pretrain-value` writes in its directory (a rerun removes them first; the manifest comes last).
