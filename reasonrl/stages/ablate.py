@@ -720,7 +720,7 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
                 + f"; then `reasonrl ablate --collect {out}`")
             return {"commands": [j.line() for j in todo], "plan": doc}
         skipped = [j for j in job_list if j.status == "skipped"]
-        say(f"[bold]ablate[/] {plan.source}: {len(plan.rungs)} rungs × {len(plan.seeds)} seeds, {plan.steps} steps, validation every {plan.val_every}"
+        say(f"[bold]ablate[/] {plan.source}: {len(plan.rungs)} rung{'s' * (len(plan.rungs) != 1)} × {len(plan.seeds)} seed{'s' * (len(plan.seeds) != 1)}, {plan.steps} steps, validation every {plan.val_every}"
             + (f"; {len(skipped)} finished run(s) skipped" if skipped else "") + f" → {out}")
         try:
             run_jobs(job_list, cfg.jobs, say)
