@@ -11,10 +11,18 @@ its KV cache is copied to its rows (an ``index_select``, so gradients from every
 the one prompt pass), and only the responses run per row. Same outputs as one forward over the
 padded rows (``tests/train/test_batch.py``), up to float rounding; on this task, where a few-shot
 prompt is ~85% of a row's tokens, it removes most of the forward and backward FLOPs.
+
+Packed (shared-prefix packing): one sequence of batch 1 per micro-batch, each distinct prompt's real
+tokens once, each followed by its rows' real response tokens, positions restarting per prompt and a
+4D attention mask (a response sees its own prompt and its own earlier tokens, nothing else), so
+every GEMM runs over the micro-batch's real tokens only; one forward call. Its cost: a dense N × N
+mask and attention over it (CPU SDPA computes masked pairs too). ``mode="auto"`` picks shared or
+packed per micro-batch from token counts (:func:`forward_mode`; ZeRO-3: see there).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -216,9 +224,13 @@ def _packed_outputs(model: Any, batch: Batch, *, causal_lm: bool) -> torch.Tenso
     """Packed mode: one forward over :func:`pack`'s sequence (batch 1) with its 4D attention mask,
     outputs at the ``score`` positions only, scattered into (B, T, ·); zero off the valid tokens."""
     pk = pack(batch)
-    mask = pk.attention_mask()
-    if getattr(getattr(model, "config", None), "_attn_implementation", "sdpa") == "eager":  # eager adds the mask
-        mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
+    # Additive float mask in the attention's dtype, made once: SDPA would otherwise turn a bool mask
+    # into a float copy in every layer, and keep each for the backward (L × N² floats); eager adds it.
+    keep = pk.attention_mask()
+    dev = keep.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else _param_dtype(model)
+    mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+    del keep
     kw = dict(input_ids=pk.input_ids[None], attention_mask=mask, position_ids=pk.position_ids[None], use_cache=False)
     if causal_lm:
         out = model(**kw, logits_to_keep=pk.score).logits[0]  # (M, V)
@@ -230,8 +242,16 @@ def _packed_outputs(model: Any, batch: Batch, *, causal_lm: bool) -> torch.Tenso
 
 
 #: One query-key pair of CPU attention (torch's SDPA with a mask, forward + backward) costs about
-#: this many times its FLOPs at the GEMMs' rate (bench/README.md, "Packed forward").
+#: this many times its FLOPs at the GEMMs' rate (SDPA ran at 0.3–0.6 of the GEMM rate on a 2-core
+#: Xeon with AMX, fp32 and bf16).
 ATTENTION_SLOWDOWN = 2.0
+#: The shared mode's time per FLOP over the packed mode's, measured side by side (bench/README.md,
+#: "Packed forward": 1.72x the time for 0.89x the FLOPs at the main job's shape): its two calls,
+#: the KV-cache copy and its backward, GEMMs over a few hundred rows each.
+SHARED_OVERHEAD = 1.9
+#: Above this many tokens in one micro-batch the packed mode's N × N mask (a bool, and SDPA's
+#: float copy for the backward: ~5 bytes a pair, 1.3 GiB at 16k) is not worth it: shared then.
+PACKED_MAX_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -256,9 +276,10 @@ class ForwardCost:
 
 
 def forward_costs(batch: Batch, cost: ForwardCost) -> dict[str, float]:
-    """Each mode's estimated FLOPs for ``batch`` (one micro-batch) from its token counts: plain and
-    shared pay every padded column (and attention over it, masked or not: CPU SDPA skips no
-    masked block), packed pays the real tokens only but a dense N × N attention."""
+    """Each mode's estimated cost for ``batch`` (one micro-batch) from its token counts, in FLOPs
+    (shared's × :data:`SHARED_OVERHEAD`): plain and shared pay every padded column (and attention
+    over it, masked or not: CPU SDPA skips no masked block), packed pays the real tokens only but
+    a dense N × N attention (infinite above :data:`PACKED_MAX_TOKENS`)."""
     B, T = batch.response_ids.shape
     P = max(batch.prompt_len, 2)
     groups = prompt_groups(batch)
@@ -267,10 +288,11 @@ def forward_costs(batch: Batch, cost: ForwardCost) -> dict[str, float]:
     first = groups[0] if groups is not None else torch.arange(B)
     M = float(batch.valid.sum())
     N = float(plen[first.to(plen.device)].sum()) + M
+    shared = cost.token * (U * (P - 1) + B * T) + cost.pair * (U * (P - 1) ** 2 + B * T * (P - 1 + T)) + cost.head * (U + B * T)
     return {
         "plain": cost.token * B * (P + T) + cost.pair * B * (P + T) ** 2 + cost.head * B * (T + 1),
-        "shared": cost.token * (U * (P - 1) + B * T) + cost.pair * (U * (P - 1) ** 2 + B * T * (P - 1 + T)) + cost.head * (U + B * T),
-        "packed": cost.token * N + cost.pair * N * N + cost.head * M,
+        "shared": SHARED_OVERHEAD * shared,
+        "packed": cost.token * N + cost.pair * N * N + cost.head * M if N <= PACKED_MAX_TOKENS else math.inf,
     }
 
 
@@ -293,6 +315,16 @@ def forward_mode(batch: Batch, cost: ForwardCost, *, shared: bool = True) -> str
     return cheapest(forward_costs(batch, cost), shared=shared)
 
 
+def _param_dtype(model: Any) -> torch.dtype:
+    p = next(iter(model.parameters()), None)
+    return p.dtype if p is not None and p.is_floating_point() else torch.float32
+
+
+def _config(model: Any) -> Any:
+    """The HF config of a model, a peft model (forwarded) or a DeepSpeed engine (its ``module``)."""
+    return getattr(model, "config", None) or model.module.config
+
+
 MODES = ("auto", "shared", "packed", "plain")
 
 
@@ -302,7 +334,7 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, mode: str) -
     if mode not in MODES:
         raise ValueError(f"forward mode {mode!r}: use one of {', '.join(MODES)}")
     if mode == "auto":
-        mode = forward_mode(batch, ForwardCost.of(model.config, causal_lm=causal_lm), shared=not _checkpointing(model))
+        mode = forward_mode(batch, ForwardCost.of(_config(model), causal_lm=causal_lm), shared=not _checkpointing(model))
     if mode == "packed":
         return _packed_outputs(model, batch, causal_lm=causal_lm)
     return _shared_outputs(model, batch, causal_lm=causal_lm, share_prompts=mode == "shared")

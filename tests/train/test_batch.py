@@ -199,7 +199,7 @@ def test_packed_under_gradient_checkpointing(tiny_model) -> None:
 def test_forward_mode_follows_the_padding() -> None:
     """Packed where padding dominates (one long row among short ones, little attention), shared
     where every row is full length and the attention over one long packed sequence costs more."""
-    from reasonrl.train.batch import ForwardCost, cheapest, forward_costs, forward_mode
+    from reasonrl.train.batch import PACKED_MAX_TOKENS, ForwardCost, cheapest, forward_costs, forward_mode
 
     gemm_heavy = ForwardCost(token=1e9, pair=1e3, head=1e7)
     attn_heavy = ForwardCost(token=1e6, pair=1e5, head=1e5)
@@ -209,7 +209,9 @@ def test_forward_mode_follows_the_padding() -> None:
     assert forward_mode(full, attn_heavy) == "shared"
     assert forward_mode(full, attn_heavy, shared=False) in ("plain", "packed")
     c = forward_costs(tail, gemm_heavy)
-    assert c["packed"] < c["shared"] < c["plain"]
+    assert c["packed"] < min(c["shared"], c["plain"])
+    huge = build_batch([[5] * 50] * 2, [[7] * (PACKED_MAX_TOKENS // 2)] * 2, pad_id=0)  # its N × N mask is too big
+    assert forward_costs(huge, gemm_heavy)["packed"] == float("inf") and forward_mode(huge, gemm_heavy) == "shared"
     assert cheapest({"plain": 3.0, "shared": 2.0, "packed": 1.0}) == "packed"
     assert cheapest({"plain": 3.0, "shared": 1.0, "packed": 2.0}) == "shared"
     assert cheapest({"plain": 1.5, "shared": 1.0, "packed": 2.0}, shared=False) == "plain"
@@ -222,3 +224,14 @@ def test_auto_and_unknown_modes(policy) -> None:
     torch.testing.assert_close(response_logits(policy, batch, mode="auto") * batch.valid[..., None], want, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="forward mode"):
         response_logits(policy, batch, mode="fast")
+
+
+def test_packed_under_bf16_autocast(policy) -> None:
+    """The trainer's bf16 autocast: the additive mask takes the attention's dtype; bf16 rounding only."""
+    prompts, responses = _varied()
+    batch = build_batch(prompts, responses, pad_id=0)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = logprobs_from_logits(response_logits(policy, batch, mode="packed").float(), batch.response_ids) * batch.valid
+    with torch.no_grad():
+        want = logprobs_from_logits(response_logits(policy, batch, mode="plain"), batch.response_ids) * batch.valid
+    torch.testing.assert_close(got, want, atol=0.1, rtol=0.05)
