@@ -11,10 +11,18 @@ its KV cache is copied to its rows (an ``index_select``, so gradients from every
 the one prompt pass), and only the responses run per row. Same outputs as one forward over the
 padded rows (``tests/train/test_batch.py``), up to float rounding; on this task, where a few-shot
 prompt is ~85% of a row's tokens, it removes most of the forward and backward FLOPs.
+
+Packed (shared-prefix packing): one sequence of batch 1 per micro-batch, each distinct prompt's real
+tokens once, each followed by its rows' real response tokens, positions restarting per prompt and a
+4D attention mask (a response sees its own prompt and its own earlier tokens, nothing else), so
+every GEMM runs over the micro-batch's real tokens only; one forward call. Its cost: a dense N × N
+mask and attention over it (CPU SDPA computes masked pairs too). ``mode="auto"`` picks shared or
+packed per micro-batch from token counts (:func:`forward_mode`; ZeRO-3: see there).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -102,9 +110,9 @@ def prompt_groups(batch: Batch) -> tuple[torch.Tensor, torch.Tensor] | None:
     return _distinct(batch.input_ids[:, :P], batch.attention_mask[:, :P])
 
 
-def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, share_prompts: bool) -> torch.Tensor:
-    """The model's outputs (``.logits``) at columns P − 1 … P + T − 2, the positions that score the
-    response tokens: (B, T, V) for a causal LM, (B, T, 1) for a value head.
+def _shared_outputs(model: Any, batch: Batch, *, causal_lm: bool, share_prompts: bool) -> torch.Tensor:
+    """Plain and shared modes (:func:`response_logits`): the model's outputs at columns P − 1 …
+    P + T − 2 of the padded rows.
 
     Shared: pass 1 runs the distinct prompts' first P − 1 columns into a KV cache; pass 2 runs
     every row's columns P − 1 … P + T − 2 on its prompt's cache. Always these two passes, also
@@ -114,7 +122,7 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, share_prompt
     P, T = batch.prompt_len, batch.T
     ids, am, pos = batch.input_ids, batch.attention_mask, batch.position_ids
     # Transformers' gradient checkpointing drops the KV cache in training mode: one plain pass then.
-    if not share_prompts or (model.training and getattr(model, "is_gradient_checkpointing", False)):
+    if not share_prompts or _checkpointing(model):
         if causal_lm:
             return model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False, logits_to_keep=T + 1).logits[:, :-1, :]
         return model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).logits[:, P - 1 : P - 1 + T]
@@ -136,11 +144,217 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, share_prompt
                  past_key_values=cache, use_cache=True).logits
 
 
-def response_logits(model: Any, batch: Batch, *, share_prompts: bool = True) -> torch.Tensor:
-    """Logits scoring each response token: (B, T, V)."""
-    return _response_outputs(model, batch, causal_lm=True, share_prompts=share_prompts)
+def _checkpointing(model: Any) -> bool:
+    return bool(model.training and getattr(model, "is_gradient_checkpointing", False))
 
 
-def response_values(value_model: Any, batch: Batch, *, share_prompts: bool = True) -> torch.Tensor:
+@dataclass
+class Packed:
+    """One micro-batch as one padding-free sequence (:func:`pack`): each distinct prompt's real
+    tokens once, each followed by its rows' response tokens (only the ``valid`` ones).
+
+    N tokens: ``input_ids``/``position_ids`` (N,) (a response continues its prompt's positions);
+    ``group`` (N,) the token's prompt in 0 … U − 1 and ``row`` (N,) its row, −1 on prompt tokens.
+    ``score`` (M,) the packed positions whose outputs score the M = Σ_b len_b response tokens, in
+    row-major order (response token 0 is scored at its prompt's last token, shared by the group's
+    rows; token t ≥ 1 at the row's response token t − 1); ``target`` (M,) where each lands in the
+    flattened (B · T) output."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    group: torch.Tensor
+    row: torch.Tensor
+    score: torch.Tensor
+    target: torch.Tensor
+
+    def attention_mask(self) -> torch.Tensor:
+        """(1, 1, N, N) bool, True where query i attends to key j: j ≤ i, the same prompt, and j a
+        prompt token or a token of i's own response."""
+        g, r = self.group, self.row
+        n = g.shape[0]
+        i = torch.arange(n, device=g.device)
+        m = (i[:, None] >= i[None, :]) & (g[:, None] == g[None, :]) & ((r[None, :] < 0) | (r[None, :] == r[:, None]))
+        return m[None, None]
+
+
+def pack(batch: Batch) -> Packed:
+    """The packed layout of ``batch`` (:class:`Packed`). A row's response is its first
+    ``valid.sum()`` tokens (none for a padding copy); every distinct prompt is there even when all
+    its rows are empty, so the sequence is never empty."""
+    P, T = batch.prompt_len, batch.T
+    dev = batch.input_ids.device
+    pmask = batch.attention_mask[:, :P].bool()
+    plen = pmask.sum(1).tolist()
+    rlen = batch.valid.sum(1).round().long().tolist()
+    B = len(plen)
+    if min(plen, default=1) < 1:
+        raise ValueError("the packed forward needs every prompt to have at least one token")
+    groups = _distinct(batch.input_ids[:, :P], batch.attention_mask[:, :P])
+    inverse = groups[1].tolist() if groups is not None else list(range(B))
+    members: dict[int, list[int]] = {}  # prompts in the order of their first row
+    for b, u in enumerate(inverse):
+        members.setdefault(u, []).append(b)
+    cols = torch.arange(P + T, device="cpu")
+    flat, pos, grp, row = [], [], [], []
+    score = [torch.empty(0, dtype=torch.long)] * B
+    n = 0
+    for u, rows in enumerate(members.values()):
+        r0 = rows[0]
+        p = plen[r0]
+        flat.append(r0 * (P + T) + cols[P - p : P])
+        pos.append(torch.arange(p))
+        grp.append(torch.full((p,), u))
+        row.append(torch.full((p,), -1))
+        last = n + p - 1
+        n += p
+        for b in rows:
+            k = rlen[b]
+            flat.append(b * (P + T) + cols[P : P + k])
+            pos.append(torch.arange(p, p + k))
+            grp.append(torch.full((k,), u))
+            row.append(torch.full((k,), b))
+            score[b] = torch.cat([torch.tensor([last]), torch.arange(n, n + k - 1)]) if k else score[b]
+            n += k
+    target = torch.cat([b * T + torch.arange(rlen[b]) for b in range(B)])
+    ids = batch.input_ids.reshape(-1)[torch.cat(flat).to(dev)]
+    return Packed(ids, torch.cat(pos).to(dev), torch.cat(grp).to(dev), torch.cat(row).to(dev), torch.cat(score).to(dev), target.to(dev))
+
+
+def _packed_outputs(model: Any, batch: Batch, *, causal_lm: bool) -> torch.Tensor:
+    """Packed mode: one forward over :func:`pack`'s sequence (batch 1) with its 4D attention mask,
+    outputs at the ``score`` positions only, scattered into (B, T, ·); zero off the valid tokens."""
+    pk = pack(batch)
+    # Additive float mask in the attention's dtype, made once: SDPA would otherwise turn a bool mask
+    # into a float copy in every layer, and keep each for the backward (L × N² floats); eager adds it.
+    keep = pk.attention_mask()
+    dev = keep.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else _param_dtype(model)
+    mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+    del keep
+    kw = dict(input_ids=pk.input_ids[None], attention_mask=mask, position_ids=pk.position_ids[None], use_cache=False)
+    if causal_lm:
+        out = model(**kw, logits_to_keep=pk.score).logits[0]  # (M, V)
+    else:
+        out = model(**kw).logits[0, pk.score]  # (M, 1)
+    B, T = batch.response_ids.shape
+    full = out.new_zeros(B * T, out.shape[-1])
+    return full.index_copy(0, pk.target, out).view(B, T, -1)
+
+
+#: One query-key pair of CPU attention (torch's SDPA with a mask, forward + backward) costs about
+#: this many times its FLOPs at the GEMMs' rate (SDPA ran at 0.3–0.6 of the GEMM rate on a 2-core
+#: Xeon with AMX, fp32 and bf16).
+ATTENTION_SLOWDOWN = 2.0
+#: The shared mode's time per FLOP over the packed mode's, measured side by side (bench/README.md,
+#: "Packed forward": 1.72x the time for 0.89x the FLOPs at the main job's shape): its two calls,
+#: the KV-cache copy and its backward, GEMMs over a few hundred rows each.
+SHARED_OVERHEAD = 1.9
+#: Above this many tokens in one micro-batch the packed mode's N × N mask (a bool, and SDPA's
+#: float copy for the backward: ~5 bytes a pair, 1.3 GiB at 16k) is not worth it: shared then.
+PACKED_MAX_TOKENS = 16384
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """A model's forward cost in FLOPs: ``token`` per token through the blocks' linear layers,
+    ``pair`` per query-key pair of attention over all layers (× :data:`ATTENTION_SLOWDOWN`),
+    ``head`` per position projected by the output layer (the LM head, or a value head)."""
+
+    token: float
+    pair: float
+    head: float
+
+    @classmethod
+    def of(cls, config: Any, *, causal_lm: bool = True) -> "ForwardCost":
+        c = config.get_text_config() if hasattr(config, "get_text_config") else config
+        d, L, nh = c.hidden_size, c.num_hidden_layers, c.num_attention_heads
+        nkv = getattr(c, "num_key_value_heads", None) or nh
+        hd = getattr(c, "head_dim", None) or d // nh
+        ffn = getattr(c, "intermediate_size", None) or 4 * d
+        linear = 2 * d * nh * hd + 2 * d * nkv * hd + 3 * d * ffn
+        return cls(token=2.0 * L * linear, pair=ATTENTION_SLOWDOWN * 4.0 * L * nh * hd, head=2.0 * d * (c.vocab_size if causal_lm else 1))
+
+
+def forward_costs(batch: Batch, cost: ForwardCost) -> dict[str, float]:
+    """Each mode's estimated cost for ``batch`` (one micro-batch) from its token counts, in FLOPs
+    (shared's × :data:`SHARED_OVERHEAD`): plain and shared pay every padded column (and attention
+    over it, masked or not: CPU SDPA skips no masked block), packed pays the real tokens only but
+    a dense N × N attention (infinite above :data:`PACKED_MAX_TOKENS`)."""
+    B, T = batch.response_ids.shape
+    P = max(batch.prompt_len, 2)
+    groups = prompt_groups(batch)
+    U = B if groups is None else int(groups[0].numel())
+    plen = batch.attention_mask[:, : batch.prompt_len].sum(1)
+    first = groups[0] if groups is not None else torch.arange(B)
+    M = float(batch.valid.sum())
+    N = float(plen[first.to(plen.device)].sum()) + M
+    shared = cost.token * (U * (P - 1) + B * T) + cost.pair * (U * (P - 1) ** 2 + B * T * (P - 1 + T)) + cost.head * (U + B * T)
+    return {
+        "plain": cost.token * B * (P + T) + cost.pair * B * (P + T) ** 2 + cost.head * B * (T + 1),
+        "shared": SHARED_OVERHEAD * shared,
+        "packed": cost.token * N + cost.pair * N * N + cost.head * M if N <= PACKED_MAX_TOKENS else math.inf,
+    }
+
+
+def cheapest(costs: dict[str, float], *, shared: bool = True) -> str:
+    """The cheaper of ``shared`` and ``packed`` in ``costs`` (:func:`forward_costs`, or their sums
+    over a step's micro-batches and over ranks); ``plain`` in place of ``shared`` when the
+    shared mode is unavailable (gradient checkpointing)."""
+    other = "shared" if shared else "plain"
+    return "packed" if costs["packed"] < costs[other] else other
+
+
+def forward_mode(batch: Batch, cost: ForwardCost, *, shared: bool = True) -> str:
+    """``auto``'s choice for one micro-batch: ``packed`` or ``shared`` (``plain`` when ``shared``
+    is False), whichever :func:`forward_costs` puts cheaper.
+
+    ZeRO-3: packed makes one forward call per micro-batch, shared two, and every rank must make
+    the same calls. Per micro-batch this choice is local, so a ZeRO-3 run must not use ``auto``
+    as is: sum :func:`forward_costs` over the step's micro-batches, all-reduce the sums, and pass
+    :func:`cheapest`'s answer as the mode of every micro-batch of the step on every rank."""
+    return cheapest(forward_costs(batch, cost), shared=shared)
+
+
+def _param_dtype(model: Any) -> torch.dtype:
+    p = next(iter(model.parameters()), None)
+    return p.dtype if p is not None and p.is_floating_point() else torch.float32
+
+
+def _config(model: Any) -> Any:
+    """The HF config of a model, a peft model (forwarded) or a DeepSpeed engine (its ``module``)."""
+    return getattr(model, "config", None) or model.module.config
+
+
+MODES = ("auto", "shared", "packed", "plain")
+
+
+def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, mode: str) -> torch.Tensor:
+    """The model's outputs scoring each response token: (B, T, V) for a causal LM, (B, T, 1) for a
+    value head; one forward call (packed, plain) or two (shared) per micro-batch."""
+    if mode not in MODES:
+        raise ValueError(f"forward mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "auto":
+        mode = forward_mode(batch, ForwardCost.of(_config(model), causal_lm=causal_lm), shared=not _checkpointing(model))
+    if mode == "packed":
+        return _packed_outputs(model, batch, causal_lm=causal_lm)
+    return _shared_outputs(model, batch, causal_lm=causal_lm, share_prompts=mode == "shared")
+
+
+def _mode(mode: str | None, share_prompts: bool | None) -> str:
+    if mode is not None:
+        return mode
+    return "plain" if share_prompts is False else "shared"
+
+
+def response_logits(model: Any, batch: Batch, *, mode: str | None = None, share_prompts: bool | None = None) -> torch.Tensor:
+    """Logits scoring each response token: (B, T, V). ``mode`` (default ``shared``; the old
+    ``share_prompts=False`` means ``plain``): ``plain`` one forward over the padded rows; ``shared``
+    each distinct prompt into a KV cache, then the responses on it; ``packed`` one padding-free
+    sequence; ``auto`` the cheapest of these by :func:`forward_mode` (per micro-batch: see its
+    docstring for ZeRO-3). Off the valid tokens the numbers are finite (zero in packed mode)."""
+    return _response_outputs(model, batch, causal_lm=True, mode=_mode(mode, share_prompts))
+
+
+def response_values(value_model: Any, batch: Batch, *, mode: str | None = None, share_prompts: bool | None = None) -> torch.Tensor:
     """V(s_t) for each response token t (the state before emitting it): (B, T) float32."""
-    return _response_outputs(value_model, batch, causal_lm=False, share_prompts=share_prompts).squeeze(-1).float()
+    return _response_outputs(value_model, batch, causal_lm=False, mode=_mode(mode, share_prompts)).squeeze(-1).float()
