@@ -182,6 +182,7 @@ class BackendOpts:
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
     max_tokens_per_micro_batch: int = opt(0, "Cut micro-batches to this many tokens each (padding included: a micro-batch's distinct prompts at its longest prompt plus its rows at its longest response) instead of --micro-batch-size rows: short responses go many to a forward, long ones few (verl's ppo_max_token_len_per_gpu); the gradient is the same. 0 = by rows.")
+    forward_mode: str = opt("shared", "How the trainer runs a micro-batch through a model: 'shared' (each distinct prompt once into a KV cache, then the responses on it), 'packed' (one padding-free sequence, each prompt once, a shared-prefix attention mask), 'plain' (the padded rows), or 'auto' (the cheaper by token counts, per micro-batch; not with ZeRO-3, whose ranks must make the same calls). The same numbers in every mode (docs/performance.md).")
     gradient_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward pass (transformers' gradient checkpointing): a sequence then keeps one hidden state per layer instead of every intermediate, which long responses on big models need (see stages/*-qwen32b.toml); costs about one more forward.")
 
     def _check_backend(self, mini_batch_size: int, micro_batch_size: int) -> None:
@@ -190,6 +191,9 @@ class BackendOpts:
         world = int(os.environ.get("WORLD_SIZE", "1")) if self.backend == "deepspeed" else 1
         check(mini_batch_size % world == 0, f"mini_batch_size ({mini_batch_size}) must be divisible by the number of processes ({world})")
         check(micro_batch_size <= mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({mini_batch_size // world})")
+        check(self.forward_mode in ("shared", "packed", "plain", "auto"), f"forward_mode must be one of shared, packed, plain, auto, got '{self.forward_mode}'")
+        check(not (self.forward_mode == "auto" and self.backend == "deepspeed" and self.zero == 3),
+              "--forward-mode auto can pick differently on each rank and ZeRO-3 ranks must make the same forward calls: choose --forward-mode packed or shared")
         check(self.max_tokens_per_micro_batch >= 0, f"max_tokens_per_micro_batch must be >= 0 (0 = micro-batches of --micro-batch-size rows), got {self.max_tokens_per_micro_batch}")
 
 
@@ -380,4 +384,5 @@ def make_learner(cfg: Any, *, spec: Any, tokenizer: Any, dtype: str, ranks: Any,
     return Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref_model,
                    sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k), pad_id=pad_id, max_len=cfg.max_response_len,
                    micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // ranks.world), ppo_epochs=ppo_epochs,
-                   dtype=dtype, seed=cfg.seed, ranks=ranks, max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch)
+                   dtype=dtype, seed=cfg.seed, ranks=ranks, max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+                   forward_mode=cfg.forward_mode)

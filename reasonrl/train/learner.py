@@ -76,17 +76,21 @@ class Learner:
             forward (module doc); False always runs the separate pass.
         max_tokens_per_micro_batch: > 0 cuts micro-batches to this many tokens (padding included)
             instead of ``micro_batch_size`` rows (``reasonrl.train.micro``); the gradient is the same.
+        forward_mode: how a micro-batch goes through a model (``reasonrl.train.batch``): shared
+            (each prompt into a KV cache once, then the rows), packed (one padding-free sequence),
+            plain (the padded rows), or auto (the cheaper by token counts, per micro-batch).
     """
 
     def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module | None, policy_backend: Any, critic_backend: Any,
                  ref_model: torch.nn.Module | None, sampling: A.Sampling, pad_id: int, max_len: int, micro_batch_size: int,
                  mini_batch_size: int, ppo_epochs: int, dtype: str, seed: int, ranks: Ranks | None = None,
-                 fuse_old_logp: bool = True, max_tokens_per_micro_batch: int = 0) -> None:
+                 fuse_old_logp: bool = True, max_tokens_per_micro_batch: int = 0, forward_mode: str = "shared") -> None:
         self.spec, self.policy, self.policy_backend, self.critic_backend, self.ref_model = spec, policy, policy_backend, critic_backend, ref_model
         self.sampling = sampling
         self.pad_id, self.max_len = pad_id, max_len
         self.micro, self.mini, self.epochs, self.dtype = micro_batch_size, mini_batch_size, ppo_epochs, dtype
         self.token_budget = max_tokens_per_micro_batch
+        self.forward_mode = forward_mode
         self.ranks = ranks or Ranks()
         self.rank, self.world = self.ranks.rank, self.ranks.world
         self.seed = seed
@@ -147,7 +151,7 @@ class Learner:
             rows = list(range(st.batch.input_ids.shape[0]))  # (in group order)
             micros = by_rows(rows, self.micro) if self.token_budget <= 0 else self.micro_batches(st, rows)
             no_grad_passes(st, policy=self.policy if policy else None, ref=ref, critic=critic, sampling=self.sampling, micros=micros,
-                           device=self.device, dtype=self.dtype)
+                           device=self.device, dtype=self.dtype, forward_mode=self.forward_mode)
 
     def _off_policy(self, st: StepTensors) -> None:
         off_policy(st, tis_cap=self.spec.tis_cap, tis_level=self.spec.tis_level, ranks=self.ranks)
@@ -288,7 +292,7 @@ class Learner:
         idx, w = item
         mb = st.batch.select(idx).to(dev)
         t = mb.T
-        logits = response_logits(model, mb)
+        logits = response_logits(model, mb, mode=self.forward_mode)
         logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling)
         ent = A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) if ent_coef > 0 else None
         if st.old_from_update:
@@ -346,7 +350,7 @@ class Learner:
         idx, w = item
         mb = st.batch.select(idx).to(self.device)
         t, dev = mb.T, self.device
-        v = response_values(model, mb)
+        v = response_values(model, mb, mode=self.forward_mode)
         loss, m = A.value_loss(v, st.values[idx, :t].to(dev), st.returns[idx, :t].to(dev), mb.valid, clip=self.spec.value_clip, agg="token-mean")
         m["vf_loss"] = float(loss.detach())
         return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float)) and k != "explained_variance"}

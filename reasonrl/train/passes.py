@@ -71,10 +71,11 @@ def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bo
 
 @torch.no_grad()
 def no_grad_passes(st: StepTensors, *, policy: torch.nn.Module | None, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
-                   sampling: A.Sampling, micros: list[list[int]], device: torch.device, dtype: str) -> None:
+                   sampling: A.Sampling, micros: list[list[int]], device: torch.device, dtype: str, forward_mode: str = "shared") -> None:
     """The forwards over the batch's ``micros`` (row indices, together every row once), of the models given: the policy's (old log-probs
     and entropy of the sampling distribution), the reference's (its log-probs), the critic's
-    (values), each zero off the valid tokens. The policy and the critic run in eval mode."""
+    (values), each zero off the valid tokens, with the trainer's forward (``forward_mode``,
+    ``reasonrl.train.batch``). The policy and the critic run in eval mode."""
     models = [m for m in (policy, critic) if m is not None]
     for m in models:
         m.eval()
@@ -83,15 +84,15 @@ def no_grad_passes(st: StepTensors, *, policy: torch.nn.Module | None, ref: torc
         t = mb.T
         with autocast_ctx(dtype):
             if policy is not None:
-                logits = response_logits(policy, mb)
+                logits = response_logits(policy, mb, mode=forward_mode)
                 logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=sampling)
                 st.record_policy(idx, logp, A.entropy_from_logits(logits, sampling=sampling, token_ids=mb.response_ids), mb.valid)
                 del logits
             if ref is not None:
-                ref_logits = response_logits(ref, mb)
+                ref_logits = response_logits(ref, mb, mode=forward_mode)
                 st.ref_logp[idx, :t] = (A.logprobs_from_logits(ref_logits, mb.response_ids, sampling=sampling) * mb.valid).cpu()
             if critic is not None:
-                st.values[idx, :t] = (response_values(critic, mb) * mb.valid).cpu()
+                st.values[idx, :t] = (response_values(critic, mb, mode=forward_mode) * mb.valid).cpu()
     for m in models:
         m.train()
 

@@ -99,10 +99,11 @@ def test_pretrain_value_takes_the_schedule(prepared, tiny_model, tmp_path):
 
 
 def test_token_budget_micro_batches_on_the_cli(prepared, tiny_model, tmp_path):
-    """`--max-tokens-per-micro-batch` trains (train and pretrain-value) and is in config.json; a
-    negative budget is one line."""
+    """`--max-tokens-per-micro-batch` (with `--forward-mode packed`) trains (train and pretrain-value)
+    and is in config.json; a negative budget, an unknown forward mode, auto under ZeRO-3: one line."""
     out = tmp_path / "budget"
-    r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", out, "--steps", "1", *SMALL, "--max-tokens-per-micro-batch", "48")
+    r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", out, "--steps", "1", *SMALL, "--max-tokens-per-micro-batch", "48",
+                "--forward-mode", "packed")
     assert r.exit_code == 0, r.output
     (m,) = _lines(out)
     assert json.loads((out / "config.json").read_text())["max_tokens_per_micro_batch"] == 48 and "actor/grad_norm" in m
@@ -114,3 +115,7 @@ def test_token_budget_micro_batches_on_the_cli(prepared, tiny_model, tmp_path):
     for stage in ("train", "pretrain-value"):
         r = run_cli(stage, "--model", tiny_model, "--data", prepared, "--out", tmp_path / f"bad-{stage}", "--max-tokens-per-micro-batch", "-1")
         assert_user_error(r, "max_tokens_per_micro_batch must be >= 0")
+        r = run_cli(stage, "--model", tiny_model, "--data", prepared, "--out", tmp_path / f"bad2-{stage}", "--forward-mode", "fast")
+        assert_user_error(r, "forward_mode must be one of shared, packed, plain, auto")
+    r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "bad3", "--backend", "deepspeed", "--zero", "3", "--forward-mode", "auto")
+    assert_user_error(r, "--forward-mode packed or shared")

@@ -79,7 +79,7 @@ def _groups(vocab: int, seed: int = 0, n_groups: int = 3, g: int = 4) -> list[li
     return out
 
 
-def _learner(model_dir, spec, *, micro: int, budget: int, critic: bool, fuse: bool):
+def _learner(model_dir, spec, *, micro: int, budget: int, critic: bool, fuse: bool, mode: str = "shared"):
     from reasonrl.models.loading import load_causal_lm, load_tokenizer
     from reasonrl.train.backend import TorchBackend
     from reasonrl.train.learner import Learner
@@ -95,11 +95,11 @@ def _learner(model_dir, spec, *, micro: int, budget: int, critic: bool, fuse: bo
         cb = TorchBackend(new_value_model(model_dir), **hp)
     return Learner(spec=spec, policy=policy, policy_backend=TorchBackend(policy, **hp), critic_backend=cb, ref_model=None, sampling=Sampling(),
                    pad_id=tok.pad_token_id, max_len=24, micro_batch_size=micro, mini_batch_size=12, ppo_epochs=1, dtype="fp32", seed=0,
-                   fuse_old_logp=fuse, max_tokens_per_micro_batch=budget), tok
+                   fuse_old_logp=fuse, max_tokens_per_micro_batch=budget, forward_mode=mode), tok
 
 
-def _update(model_dir, spec, *, micro: int, budget: int, critic: bool = False, fuse: bool = True):
-    learner, tok = _learner(model_dir, spec, micro=micro, budget=budget, critic=critic, fuse=fuse)
+def _update(model_dir, spec, *, micro: int, budget: int, critic: bool = False, fuse: bool = True, mode: str = "shared"):
+    learner, tok = _learner(model_dir, spec, micro=micro, budget=budget, critic=critic, fuse=fuse, mode=mode)
     st = learner.prepare(_groups(len(tok)))
     learner.advantages(st, group_size=4)
     m = learner.update_critic(st) if critic else {}
@@ -112,12 +112,12 @@ def _update(model_dir, spec, *, micro: int, budget: int, critic: bool = False, f
 
 @pytest.mark.parametrize("algo,critic,fuse", [("dapo", False, True), ("grpo", False, False), ("vcppo", True, True)])
 def test_a_token_budget_gives_the_gradient_of_micro_batches_by_rows(tiny_model, algo, critic, fuse):
-    """dapo: token-mean loss, old log-probs from the update's forward; grpo: a sequence-mean loss and
+    """And the packed forward (``--forward-mode packed``/``auto``) the shared one's. dapo: token-mean loss, old log-probs from the update's forward; grpo: a sequence-mean loss and
     the separate no-grad pass (cut to the budget too); vcppo: the critic's value loss."""
     spec = get_algo(algo).replace(overlong_filter=True)
     ref_g, ref_m, ref_st, _ = _update(tiny_model, spec, micro=12, budget=0, critic=critic, fuse=fuse)  # one micro-batch
-    for micro, budget in [(3, 0), (12, 40), (12, 90)]:
-        g, m, st, cuts = _update(tiny_model, spec, micro=micro, budget=budget, critic=critic, fuse=fuse)
+    for micro, budget, mode in [(3, 0, "shared"), (12, 40, "shared"), (12, 90, "shared"), (3, 0, "packed"), (12, 60, "packed"), (12, 0, "auto")]:
+        g, m, st, cuts = _update(tiny_model, spec, micro=micro, budget=budget, critic=critic, fuse=fuse, mode=mode)
         if budget:
             assert len(cuts[0]) > 1  # (the budget did cut)
         assert g.keys() == ref_g.keys() and g
