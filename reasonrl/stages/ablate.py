@@ -69,6 +69,7 @@ class Preset:
     rungs: tuple[Rung, ...]
     critic_base: str = "pretrain-value-cpu.toml"
     about: str = ""
+    critic: tuple[tuple[str, Any], ...] = ()  # the critics' pretrain-value overrides (a spec's [critic] table)
 
 
 def _ladder(start: dict[str, Any], steps: list[tuple[str, dict[str, Any]]], first: str) -> tuple[Rung, ...]:
@@ -80,6 +81,7 @@ def _ladder(start: dict[str, Any], steps: list[tuple[str, dict[str, Any]]], firs
     return tuple(rungs)
 
 
+CRITIC_STEPS = (("steps", 8),)
 PRESETS: dict[str, Preset] = {
     # DAPO (arXiv 2503.14476) table 1: naive GRPO, then each technique added in the paper's order;
     # the last rung is the dapo row.
@@ -91,14 +93,17 @@ PRESETS: dict[str, Preset] = {
         ("dynamic-sampling", {"algo.dynamic_sampling": True}),
     ], "grpo"), about="DAPO's ladder: naive GRPO → + overlong filtering → + clip-higher → + soft overlong punishment → + token-level loss → + dynamic sampling"),
     # VC-PPO (arXiv 2503.01491): PPO with a fresh critic, + value pretraining, + decoupled GAE (the vcppo row).
+    # Its critic is pretrained for 8 steps (128 responses of the fixed policy), not the main job's 2
+    # (a smoke-sized 32): VC-PPO pretrains the value model until its loss settles.
     "vcppo": Preset("train-vcppo-cpu.toml", (
         Rung("ppo", {"algo": "ppo", "critic": None}),
         Rung("value-pretraining", {"algo": "ppo"}, pretrained_critic=True),
         Rung("decoupled-gae", {"algo": "vcppo"}, pretrained_critic=True),
-    ), about="VC-PPO: PPO → + value pretraining → + decoupled GAE (λ_critic 1)"),
+    ), about="VC-PPO: PPO → + value pretraining → + decoupled GAE (λ_critic 1)", critic=CRITIC_STEPS),
     # VC-PPO's λ_actor ablation, on the vcppo row (pretrained critic, λ_critic 1).
     "lambda": Preset("train-vcppo-cpu.toml", tuple(Rung(f"lam-{x}", {"algo": "vcppo", "algo.lam_actor": x}, pretrained_critic=True)
-                                                  for x in (0.9, 0.95, 0.99, 1.0)), about="VC-PPO's λ_actor ∈ {0.9, 0.95, 0.99, 1.0}, λ_critic 1, pretrained critic"),
+                                                  for x in (0.9, 0.95, 0.99, 1.0)), about="VC-PPO's λ_actor ∈ {0.9, 0.95, 0.99, 1.0}, λ_critic 1, pretrained critic",
+                     critic=CRITIC_STEPS),
 }
 
 
@@ -252,7 +257,7 @@ def make_plan(cfg: AblateConfig) -> Plan:
     if cfg.preset:
         pre = PRESETS[cfg.preset]
         spec: dict[str, Any] = {"base": pre.base, "critic_base": pre.critic_base, "rung": list(pre.rungs), "seeds": list(range(3)), "near": None,
-                                "train": {}, "critic": {}}
+                                "train": {}, "critic": dict(pre.critic)}
         source = f"preset {cfg.preset}"
     else:
         spec, source = load_spec(cfg.spec), cfg.spec

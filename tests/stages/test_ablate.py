@@ -16,7 +16,7 @@ import pytest
 
 from clihelp import assert_user_error, run_cli
 from reasonrl.algos import ALGOS
-from reasonrl.stages.ablate import PRESETS, AblateConfig, make_jobs, make_plan, train_config
+from reasonrl.stages.ablate import PRESETS, AblateConfig, critic_config, make_jobs, make_plan, train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,6 +68,10 @@ def test_vcppo_and_lambda_presets(tmp_path):
     assert [j.label for j in jobs[:2]] == ["_critic/seed-0", "_critic/seed-1"] and all(j.stage == "pretrain-value" for j in jobs[:2])
     assert all(j.needs is jobs[j.seed] and "--critic" in j.argv and "--seed" in j.argv for j in jobs[2:])
     assert len({j.line() for j in jobs}) == len(jobs) == 2 + 4 * 2
+    # the presets' critics pretrain for 8 steps (not the main job's 2-step smoke), as built for the subprocess
+    for name in ("vcppo", "lambda"):
+        plan = make_plan(AblateConfig(preset=name, seeds=1, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}"]))
+        assert critic_config(plan, 0, tmp_path).steps == 8
     assert PRESETS["dapo"].base == "train-dapo-cpu.toml" and PRESETS["vcppo"].base == "train-vcppo-cpu.toml"
 
 
