@@ -52,6 +52,23 @@ REGIMES = {
 }
 
 
+def chat_prompt_ids(tok: Any, template: str, problem: str) -> list[int]:
+    """A problem's prompt as the trainer's token ids: ``template``'s messages in the tokenizer's
+    chat format, the generation prompt appended."""
+    from reasonrl.data.templates import messages_for
+
+    ids = tok.apply_chat_template(messages_for(template, problem), tokenize=True, add_generation_prompt=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def random_response(tok: Any, n: int, g: Any) -> list[int]:
+    """``n`` random token ids drawn from ``g`` (a torch.Generator): a forward's time does not depend
+    on the tokens' values."""
+    import torch
+
+    return torch.randint(3, tok.vocab_size, (n,), generator=g).tolist()
+
+
 def cli_env() -> dict[str, str]:
     """This tree's reasonrl first on PYTHONPATH; OMP_NUM_THREADS as the `reasonrl` CLI sets it, so
     every framework's process gets the same threads."""

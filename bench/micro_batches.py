@@ -46,9 +46,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
+    from harness import chat_prompt_ids, random_response
 
     from reasonrl.algos import logprobs_from_logits
-    from reasonrl.data.templates import messages_for
     from reasonrl.devices import autocast_ctx
     from reasonrl.models import load_tokenizer, resolve_model
     from reasonrl.models.loading import load_causal_lm
@@ -63,15 +63,14 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts, responses, group = [], [], []
     for gi, r in enumerate(rows):
-        ids = tok.apply_chat_template(messages_for(args.template, r["problem"]), tokenize=True, add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        ids = chat_prompt_ids(tok, args.template, r["problem"])
         for _ in range(args.group):
             if float(torch.rand((), generator=g)) < args.tail:
                 n = int(torch.randint(args.typical, args.max_response_len + 1, (1,), generator=g))
             else:
                 n = max(1, int(args.typical * (0.7 + 0.5 * float(torch.rand((), generator=g)))))
             prompts.append(ids)
-            responses.append(torch.randint(3, tok.vocab_size, (n,), generator=g).tolist())
+            responses.append(random_response(tok, n, g))
             group.append(gi)
     batch = build_batch(prompts, responses, pad_id=tok.pad_token_id or 0)
     lens = RowLengths([len(p) for p in prompts], [len(r) for r in responses], group)

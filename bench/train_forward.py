@@ -66,9 +66,9 @@ def main() -> None:
     modes = args.modes.split(",")
 
     import torch
+    from harness import chat_prompt_ids, random_response
 
     from reasonrl.algos import logprobs_from_logits
-    from reasonrl.data.templates import messages_for
     from reasonrl.devices import autocast_ctx
     from reasonrl.models import load_tokenizer, resolve_model
     from reasonrl.models.loading import load_causal_lm
@@ -82,11 +82,10 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompts, responses = [], []
     for r in data:
-        ids = tok.apply_chat_template(messages_for(args.template, r["problem"]), tokenize=True, add_generation_prompt=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        ids = chat_prompt_ids(tok, args.template, r["problem"])
         for n in lengths(args.shape, group, cap, g):
             prompts.append(ids)
-            responses.append(torch.randint(3, tok.vocab_size, (n,), generator=g).tolist())
+            responses.append(random_response(tok, n, g))
     batch = build_batch(prompts, responses, pad_id=tok.pad_token_id or 0)
     perm = torch.randperm(len(prompts), generator=g).tolist()
     micros = [perm[i : i + rows_per] for i in range(0, len(perm), rows_per)]
