@@ -10,8 +10,8 @@ samples each with random response tokens (timing does not depend on their values
 heavy-tailed as long CoT's are: most near ``--typical`` tokens, a ``--tail`` share drawn up to L_max.
 The mini-batch is the whole batch (one update per step, as the CPU recipes), in a random order; each
 mode cuts it as the trainer does (``reasonrl.train.micro``), weights each micro-batch's loss by its
-token share and runs the shared-prompt forward + log-probs + backward of every micro-batch. Rounds
-alternate the modes; the best round per mode, the padded tokens it ran, and the largest relative
+token share and runs ``--forward-mode``'s forward + log-probs + backward of every micro-batch. Rounds
+alternate the modes; the best round per mode, the tokens it ran (padding included, but for packed), and the largest relative
 gradient difference to the first mode are reported.
 """
 
@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--rows", default="8,16", help="micro-batch sizes in rows to time (comma list)")
     ap.add_argument("--budgets", default="2048,4096,8192", help="token budgets to time (comma list)")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: fp32 weights under bf16 autocast, as the trainer")
+    ap.add_argument("--forward-mode", default="shared", choices=["shared", "packed", "plain"],
+                    help="the forward every cut runs (the budget counts its tokens: packed, the real ones)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -73,7 +75,7 @@ def main() -> None:
             responses.append(random_response(tok, n, g))
             group.append(gi)
     batch = build_batch(prompts, responses, pad_id=tok.pad_token_id or 0)
-    lens = RowLengths([len(p) for p in prompts], [len(r) for r in responses], group)
+    lens = RowLengths([len(p) for p in prompts], [len(r) for r in responses], group, forward=args.forward_mode)
     mini = torch.randperm(len(prompts), generator=g).tolist()
     modes: dict[str, list[list[int]]] = {}
     for r in (int(x) for x in args.rows.split(",") if x):
@@ -84,9 +86,9 @@ def main() -> None:
     resp = sorted(lens.response)
     print(f"{model_dir.name} | {args.prompts} prompts x {args.group} samples, prompt {sum(lens.prompt) / len(prompts):.0f} tokens, "
           f"responses: mean {total / len(resp):.0f}, p50 {resp[len(resp) // 2]}, p90 {resp[int(0.9 * len(resp))]}, max {resp[-1]} of L_max "
-          f"{args.max_response_len} | {args.dtype} | torch threads {torch.get_num_threads()}")
+          f"{args.max_response_len} | {args.dtype}, {args.forward_mode} forward | torch threads {torch.get_num_threads()}")
     for name, micros in modes.items():
-        print(f"  {name:12s}: {len(micros):2d} micro-batches, {sum(lens.cost(m) for m in micros):6d} padded tokens "
+        print(f"  {name:12s}: {len(micros):2d} micro-batches, {sum(lens.cost(m) for m in micros):6d} tokens run "
               f"(rows per micro-batch {min(map(len, micros))}..{max(map(len, micros))})")
 
     def step(micros: list[list[int]]) -> tuple[float, dict[str, torch.Tensor]]:
@@ -95,7 +97,7 @@ def main() -> None:
         for idx in micros:
             mb = batch.select(idx)
             with autocast_ctx(args.dtype):
-                logp = logprobs_from_logits(response_logits(model, mb), mb.response_ids) * mb.valid
+                logp = logprobs_from_logits(response_logits(model, mb, mode=args.forward_mode), mb.response_ids) * mb.valid
             (logp.sum() / total).backward()
         dt = time.perf_counter() - t0
         return dt, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -114,7 +116,7 @@ def main() -> None:
     print(f"\nbest round per mode ({args.dtype}); x: against '{first}'")
     for name in modes:
         diff = max(float((grads[name][n] - ref[n]).abs().max() / (ref[n].abs().max() + 1e-12)) for n in ref)
-        out[name] = {"seconds": best[name], "micro_batches": len(modes[name]), "padded_tokens": sum(lens.cost(m) for m in modes[name]), "grad_rel_diff": diff}
+        out[name] = {"seconds": best[name], "micro_batches": len(modes[name]), "tokens_run": sum(lens.cost(m) for m in modes[name]), "grad_rel_diff": diff}
         print(f"  {name:12s} {best[name]:7.2f} s  {best[first] / best[name]:5.2f}x  max relative grad diff {diff:.1e}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "modes": out}, indent=1) + "\n")

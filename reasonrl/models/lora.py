@@ -273,6 +273,11 @@ def reference_model(model: Any) -> Any:
             super().__init__()
             object.__setattr__(self, "peft_model", peft_model)  # (not a submodule: its parameters stay the policy's)
 
+        @property
+        def config(self) -> Any:
+            """The base's config (what the trainer's forward-mode choice reads)."""
+            return self.peft_model.config
+
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             m = self.peft_model
             was = m.training

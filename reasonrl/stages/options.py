@@ -181,8 +181,8 @@ class BackendOpts:
     backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
-    max_tokens_per_micro_batch: int = opt(0, "Cut micro-batches to this many tokens each (padding included: a micro-batch's distinct prompts at its longest prompt plus its rows at its longest response) instead of --micro-batch-size rows: short responses go many to a forward, long ones few (verl's ppo_max_token_len_per_gpu); the gradient is the same. 0 = by rows.")
-    forward_mode: str = opt("shared", "How the trainer runs a micro-batch through a model: 'shared' (each distinct prompt once into a KV cache, then the responses on it), 'packed' (one padding-free sequence, each prompt once, a shared-prefix attention mask), 'plain' (the padded rows), or 'auto' (the cheaper by token counts, per micro-batch; not with ZeRO-3, whose ranks must make the same calls). The same numbers in every mode (docs/performance.md).")
+    max_tokens_per_micro_batch: int = opt(0, "Cut micro-batches to this many tokens each, counted as --forward-mode runs them (shared: a micro-batch's distinct prompts at its longest prompt plus its rows at its longest response; plain: its rows padded; packed: its real tokens, each prompt once; auto: as the padded mode it falls back to) instead of --micro-batch-size rows: short responses go many to a forward, long ones few (verl's ppo_max_token_len_per_gpu); the gradient is the same. 0 = by rows.")
+    forward_mode: str = opt("auto", "How the trainer runs a micro-batch through a model: 'shared' (each distinct prompt once into a KV cache, then the responses on it), 'packed' (one padding-free sequence, each prompt once, a shared-prefix attention mask), 'plain' (the padded rows), or 'auto' (the default: the cheaper of packed and shared by token counts, one mode per pass over a step's or a mini-batch's micro-batches, decided on every rank's counts so ZeRO-3 ranks agree). The same numbers in every mode (docs/performance.md).")
     gradient_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward pass (transformers' gradient checkpointing): a sequence then keeps one hidden state per layer instead of every intermediate, which long responses on big models need (see stages/*-qwen32b.toml); costs about one more forward.")
 
     def _check_backend(self, mini_batch_size: int, micro_batch_size: int) -> None:
@@ -192,8 +192,6 @@ class BackendOpts:
         check(mini_batch_size % world == 0, f"mini_batch_size ({mini_batch_size}) must be divisible by the number of processes ({world})")
         check(micro_batch_size <= mini_batch_size // world, f"micro_batch_size must be <= mini_batch_size / processes ({mini_batch_size // world})")
         check(self.forward_mode in ("shared", "packed", "plain", "auto"), f"forward_mode must be one of shared, packed, plain, auto, got '{self.forward_mode}'")
-        check(not (self.forward_mode == "auto" and self.backend == "deepspeed" and self.zero == 3),
-              "--forward-mode auto can pick differently on each rank and ZeRO-3 ranks must make the same forward calls: choose --forward-mode packed or shared")
         check(self.max_tokens_per_micro_batch >= 0, f"max_tokens_per_micro_batch must be >= 0 (0 = micro-batches of --micro-batch-size rows), got {self.max_tokens_per_micro_batch}")
 
 

@@ -17,14 +17,16 @@ tokens once, each followed by its rows' real response tokens, positions restarti
 4D attention mask (a response sees its own prompt and its own earlier tokens, nothing else), so
 every GEMM runs over the micro-batch's real tokens only; one forward call. Its cost: a dense N × N
 mask and attention over it (CPU SDPA computes masked pairs too). ``mode="auto"`` picks shared or
-packed per micro-batch from token counts (:func:`forward_mode`; ZeRO-3: see there).
+packed per micro-batch from token counts (:func:`forward_mode`); the trainer picks once per pass
+over a step's or a mini-batch's micro-batches, from every rank's counts (:func:`pass_mode`), so
+that ZeRO-3's ranks make the same forward calls.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -309,10 +311,33 @@ def forward_mode(batch: Batch, cost: ForwardCost, *, shared: bool = True) -> str
     is False), whichever :func:`forward_costs` puts cheaper.
 
     ZeRO-3: packed makes one forward call per micro-batch, shared two, and every rank must make
-    the same calls. Per micro-batch this choice is local, so a ZeRO-3 run must not use ``auto``
-    as is: sum :func:`forward_costs` over the step's micro-batches, all-reduce the sums, and pass
-    :func:`cheapest`'s answer as the mode of every micro-batch of the step on every rank."""
+    the same calls. Per micro-batch this choice is local: the trainer uses :func:`pass_mode`,
+    which decides a whole pass on every rank's counts summed."""
     return cheapest(forward_costs(batch, cost), shared=shared)
+
+
+def pass_mode(model: Any, batches: Sequence[Batch], *, causal_lm: bool,
+              total: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
+    """``auto``'s choice for a whole pass of ``model`` over ``batches`` (a step's or a mini-batch's
+    micro-batches): the cheapest mode by :func:`forward_costs` summed over them and, with
+    ``total`` (a sum over ranks, ``Ranks.sum``), over every rank's, so that every rank of a ZeRO-3
+    run picks the same mode and makes the same forward calls. ``plain`` stands in for ``shared``
+    under gradient checkpointing (``model`` in training mode)."""
+    cost = ForwardCost.of(_config(model), causal_lm=causal_lm)
+    keys = ("plain", "shared", "packed")
+    sums = torch.zeros(len(keys), dtype=torch.float64)
+    for b in batches:
+        c = forward_costs(b, cost)
+        sums += torch.tensor([c[k] for k in keys], dtype=torch.float64)
+    if total is not None:
+        sums = total(sums)
+    return cheapest(dict(zip(keys, sums.tolist())), shared=not _checkpointing(model))
+
+
+def padded_mode(model: Any) -> str:
+    """The padded mode ``model`` runs in (shared, or plain under gradient checkpointing in training
+    mode): what ``auto`` falls back to when packed is not the cheaper."""
+    return "plain" if _checkpointing(model) else "shared"
 
 
 def _param_dtype(model: Any) -> torch.dtype:

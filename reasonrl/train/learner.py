@@ -40,7 +40,7 @@ from reasonrl import algos as A
 from reasonrl.algos.diagnostics import add_clip_counts, clip_by_prob_bucket, clip_fractions_from_counts
 from reasonrl.algos.objective import policy_objective
 from reasonrl.rollouts import Sample
-from reasonrl.train.batch import Batch, response_logits, response_values
+from reasonrl.train.batch import Batch, padded_mode, pass_mode, response_logits, response_values
 from reasonrl.train.micro import RowLengths, arrange, by_rows, split_to, to_budget
 from reasonrl.train.passes import StepTensors, no_grad_passes, off_policy, step_tensors
 from reasonrl.train.ranks import Ranks, mix
@@ -74,11 +74,14 @@ class Learner:
         ranks: this process among the run's processes (loss normalisation and metrics are global).
         fuse_old_logp: with one update per batch, take the old log-probs from the update's own
             forward (module doc); False always runs the separate pass.
-        max_tokens_per_micro_batch: > 0 cuts micro-batches to this many tokens (padding included)
-            instead of ``micro_batch_size`` rows (``reasonrl.train.micro``); the gradient is the same.
+        max_tokens_per_micro_batch: > 0 cuts micro-batches to this many tokens (as ``forward_mode``
+            runs them: :meth:`lengths`) instead of ``micro_batch_size`` rows (``reasonrl.train.micro``);
+            the gradient is the same.
         forward_mode: how a micro-batch goes through a model (``reasonrl.train.batch``): shared
             (each prompt into a KV cache once, then the rows), packed (one padding-free sequence),
-            plain (the padded rows), or auto (the cheaper by token counts, per micro-batch).
+            plain (the padded rows), or auto (the cheaper by token counts, one mode per pass decided
+            on every rank's counts). The stages' default is auto (``--forward-mode``); this
+            class's, shared, is for direct callers.
     """
 
     def __init__(self, *, spec: A.AlgoSpec, policy: torch.nn.Module | None, policy_backend: Any, critic_backend: Any,
@@ -151,7 +154,7 @@ class Learner:
             rows = list(range(st.batch.input_ids.shape[0]))  # (in group order)
             micros = by_rows(rows, self.micro) if self.token_budget <= 0 else self.micro_batches(st, rows)
             no_grad_passes(st, policy=self.policy if policy else None, ref=ref, critic=critic, sampling=self.sampling, micros=micros,
-                           device=self.device, dtype=self.dtype, forward_mode=self.forward_mode)
+                           device=self.device, dtype=self.dtype, forward_mode=self.forward_mode, total=self._all_sum)
 
     def _off_policy(self, st: StepTensors) -> None:
         off_policy(st, tis_cap=self.spec.tis_cap, tis_level=self.spec.tis_level, ranks=self.ranks)
@@ -181,11 +184,27 @@ class Learner:
         return out
 
     def lengths(self, st: StepTensors) -> RowLengths:
-        """The batch's per-row prompt and response token counts and groups (what a micro-batch costs)."""
+        """The batch's per-row prompt and response token counts and groups, and the forward mode
+        whose tokens a micro-batch's cost counts: packed's real tokens; else the padded mode the
+        trained model runs in (shared, plain under gradient checkpointing in training mode),
+        ``auto``'s fallback: an upper bound of either pick (and of the no-grad passes, in eval mode)."""
         P = st.batch.prompt_len
         group = st.group.tolist() if st.group is not None else list(range(st.batch.input_ids.shape[0]))
+        forward = self.forward_mode if self.forward_mode in ("packed", "plain") else padded_mode(self._model())
         return RowLengths(prompt=[int(x) for x in st.batch.attention_mask[:, :P].sum(1).tolist()],
-                          response=[int(x) for x in st.batch.valid.sum(1).tolist()], group=group)
+                          response=[int(x) for x in st.batch.valid.sum(1).tolist()], group=group, forward=forward)
+
+    def _model(self) -> torch.nn.Module:
+        """The trained model (the policy, or the critic in value pretraining; the frozen policy when none is trained)."""
+        backend = self.policy_backend or self.critic_backend
+        return backend.model if backend is not None else self.policy
+
+    def update_mode(self, model: torch.nn.Module, st: StepTensors, micros: list[tuple[list[int], float]], *, causal_lm: bool) -> str:
+        """The forward mode of one update's micro-batches: ``forward_mode``, or for ``auto`` the
+        cheapest over every rank's micro-batches of this mini-batch (the same on every rank)."""
+        if self.forward_mode != "auto":
+            return self.forward_mode
+        return pass_mode(model, [st.batch.select(idx) for idx, _ in micros], causal_lm=causal_lm, total=self._all_sum)
 
     def micro_batches(self, st: StepTensors, rows: list[int]) -> list[list[int]]:
         """``rows`` (a mini-batch) cut into micro-batches (``reasonrl.train.micro``): arranged and cut
@@ -253,7 +272,8 @@ class Learner:
                 continue
             nll_den = self._correct_tokens(st, mini) if s.pos_lm_coef > 0 else None
             loss_fn = partial(self._policy_micro_loss, st=st, params=params, nll_den=nll_den, tally=tally, ent_coef=ent_coef,
-                              track=mi >= len(minis) - per_epoch)  # the clip counts: of the last epoch's updates
+                              track=mi >= len(minis) - per_epoch,  # the clip counts: of the last epoch's updates
+                              mode=self.update_mode(self.policy_backend.model, st, micros, causal_lm=True))
             for k, v in self.policy_backend.step(micros, loss_fn).items():
                 metrics.setdefault(k, []).append(v)
         if st.old_from_update:
@@ -283,16 +303,17 @@ class Learner:
                                                                          delta=s.entropy_coef_delta, coef_max=s.entropy_coef_max)
 
     def _policy_micro_loss(self, model: torch.nn.Module, item: tuple[list[int], float], *, st: StepTensors, params: A.LossParams,
-                           nll_den: float | None, tally: _PolicyTally, track: bool, ent_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+                           nll_den: float | None, tally: _PolicyTally, track: bool, ent_coef: float = 0.0,
+                           mode: str = "shared") -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch (rows ``idx``, weight ``w``) of a policy update: its forward, its old
         log-probs (this forward's, detached, when fused; else prepare's), the policy objective (with
         the entropy bonus ``ent_coef`` > 0: the entropy of the sampling distribution, with grad), its
-        weighted loss and metrics (``backend.step``'s ``loss_fn``)."""
+        weighted loss and metrics (``backend.step``'s ``loss_fn``); ``mode``: the forward's (:meth:`update_mode`)."""
         s, dev = self.spec, self.device
         idx, w = item
         mb = st.batch.select(idx).to(dev)
         t = mb.T
-        logits = response_logits(model, mb, mode=self.forward_mode)
+        logits = response_logits(model, mb, mode=mode)
         logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=self.sampling)
         ent = A.entropy_from_logits(logits, sampling=self.sampling, token_ids=mb.response_ids) if ent_coef > 0 else None
         if st.old_from_update:
@@ -340,17 +361,19 @@ class Learner:
             micros = self._weights(st.batch.valid, self.micro_batches(st, mini), "token-mean")  # the value loss counts every valid token
             if not micros:
                 continue
-            for k, v in self.critic_backend.step(micros, partial(self._critic_micro_loss, st=st)).items():
+            mode = self.update_mode(self.critic_backend.model, st, micros, causal_lm=False)
+            for k, v in self.critic_backend.step(micros, partial(self._critic_micro_loss, st=st, mode=mode)).items():
                 metrics.setdefault(k, []).append(v)
         return {f"critic/{k}": sum(v) / len(v) for k, v in metrics.items()}
 
-    def _critic_micro_loss(self, model: torch.nn.Module, item: tuple[list[int], float], *, st: StepTensors) -> tuple[torch.Tensor, dict[str, float]]:
+    def _critic_micro_loss(self, model: torch.nn.Module, item: tuple[list[int], float], *, st: StepTensors,
+                           mode: str = "shared") -> tuple[torch.Tensor, dict[str, float]]:
         """One micro-batch of a critic update: the clipped value loss, weighted, and its metrics
         (explained variance is logged once per step, of the values the advantages used)."""
         idx, w = item
         mb = st.batch.select(idx).to(self.device)
         t, dev = mb.T, self.device
-        v = response_values(model, mb, mode=self.forward_mode)
+        v = response_values(model, mb, mode=mode)
         loss, m = A.value_loss(v, st.values[idx, :t].to(dev), st.returns[idx, :t].to(dev), mb.valid, clip=self.spec.value_clip, agg="token-mean")
         m["vf_loss"] = float(loss.detach())
         return loss * w, {k: val * w / self.world for k, val in m.items() if isinstance(val, (int, float)) and k != "explained_variance"}

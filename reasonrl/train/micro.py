@@ -6,10 +6,12 @@ of the mini-batch's counted tokens (token-mean) or rows (the sequence modes), co
 rank, so the accumulated gradient is the mini-batch's aggregate whatever the micro-batches are
 (``tests/train/test_micro.py`` checks it in fp32). Only time and memory change.
 
-A micro-batch's **cost** is what the shared-prompt forward (``reasonrl.train.batch``) runs over it,
-padding included: its distinct prompts at its longest prompt, plus its rows at its longest
-response. By rows, a mini-batch is arranged so that this cost is low (``arrange``) and cut every
-``micro`` rows. To a budget, the rows are taken in the cheaper of two orders (a group's rows
+A micro-batch's **cost** is the tokens the trainer's forward (``reasonrl.train.batch``) runs over
+it: shared, its distinct prompts at its longest prompt plus its rows at its longest response
+(padding included); plain, its rows at its longest prompt plus longest response; packed, its
+distinct prompts' and its rows' real tokens. ``auto`` is counted as the padded mode it would fall
+back to, an upper bound of whichever it picks, so the budget holds either way. By rows, a
+mini-batch is arranged so that this cost is low (``arrange``) and cut every ``micro`` rows. To a budget, the rows are taken in the cheaper of two orders (a group's rows
 together, or all rows longest first) and a micro-batch is closed when the next row would take its
 cost over the budget: short rows go many to a micro-batch, long rows few, so padding and the count
 of forward calls both shrink where lengths are heavy-tailed. A row whose cost alone exceeds the
@@ -27,17 +29,25 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RowLengths:
-    """Per row of the step's batch: its prompt's and response's token counts and its group."""
+    """Per row of the step's batch: its prompt's and response's token counts and its group; the
+    forward mode whose tokens a micro-batch's cost counts (shared, plain or packed)."""
 
     prompt: list[int]
     response: list[int]
     group: list[int]
+    forward: str = "shared"
 
     def cost(self, rows: list[int]) -> int:
-        """Tokens the shared-prompt forward runs for these rows as one micro-batch (padding included)."""
+        """Tokens the ``forward`` mode runs for these rows as one micro-batch (its padding too, but packed has none)."""
         if not rows:
             return 0
-        return len({self.group[r] for r in rows}) * max(self.prompt[r] for r in rows) + len(rows) * max(self.response[r] for r in rows)
+        if self.forward == "packed":
+            prompts = {self.group[r]: self.prompt[r] for r in rows}
+            return sum(prompts.values()) + sum(self.response[r] for r in rows)
+        top_prompt, top_response = max(self.prompt[r] for r in rows), max(self.response[r] for r in rows)
+        if self.forward == "plain":
+            return len(rows) * (top_prompt + top_response)
+        return len({self.group[r] for r in rows}) * top_prompt + len(rows) * top_response
 
     def orders(self, rows: list[int]) -> tuple[list[int], list[int]]:
         """The two arrangements: a group's rows together (groups longest first, each longest first:

@@ -12,13 +12,14 @@ which fills the same tensors through :meth:`StepTensors.record_policy`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from reasonrl import algos as A
 from reasonrl.devices import autocast_ctx
 from reasonrl.rollouts import Sample
-from reasonrl.train.batch import Batch, build_batch, response_logits, response_values
+from reasonrl.train.batch import Batch, build_batch, pass_mode, response_logits, response_values
 from reasonrl.train.ranks import Ranks
 
 
@@ -71,28 +72,38 @@ def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bo
 
 @torch.no_grad()
 def no_grad_passes(st: StepTensors, *, policy: torch.nn.Module | None, ref: torch.nn.Module | None, critic: torch.nn.Module | None,
-                   sampling: A.Sampling, micros: list[list[int]], device: torch.device, dtype: str, forward_mode: str = "shared") -> None:
+                   sampling: A.Sampling, micros: list[list[int]], device: torch.device, dtype: str, forward_mode: str = "shared",
+                   total: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
     """The forwards over the batch's ``micros`` (row indices, together every row once), of the models given: the policy's (old log-probs
     and entropy of the sampling distribution), the reference's (its log-probs), the critic's
     (values), each zero off the valid tokens, with the trainer's forward (``forward_mode``,
-    ``reasonrl.train.batch``). The policy and the critic run in eval mode."""
+    ``reasonrl.train.batch``; ``auto``: one mode per model for the whole pass, by
+    :func:`pass_mode` over every rank's micro-batches through ``total``). The policy and the
+    critic run in eval mode."""
     models = [m for m in (policy, critic) if m is not None]
     for m in models:
         m.eval()
-    for idx in micros:
-        mb = st.batch.select(idx).to(device)
+    auto = forward_mode == "auto"
+    mbs = [st.batch.select(idx) for idx in micros] if auto else []
+
+    def mode(model: torch.nn.Module | None, causal_lm: bool) -> str:
+        return pass_mode(model, mbs, causal_lm=causal_lm, total=total) if auto and model is not None else forward_mode
+
+    policy_mode, ref_mode, critic_mode = mode(policy, True), mode(ref, True), mode(critic, False)
+    for i, idx in enumerate(micros):
+        mb = (mbs[i] if auto else st.batch.select(idx)).to(device)
         t = mb.T
         with autocast_ctx(dtype):
             if policy is not None:
-                logits = response_logits(policy, mb, mode=forward_mode)
+                logits = response_logits(policy, mb, mode=policy_mode)
                 logp = A.logprobs_from_logits(logits, mb.response_ids, sampling=sampling)
                 st.record_policy(idx, logp, A.entropy_from_logits(logits, sampling=sampling, token_ids=mb.response_ids), mb.valid)
                 del logits
             if ref is not None:
-                ref_logits = response_logits(ref, mb, mode=forward_mode)
+                ref_logits = response_logits(ref, mb, mode=ref_mode)
                 st.ref_logp[idx, :t] = (A.logprobs_from_logits(ref_logits, mb.response_ids, sampling=sampling) * mb.valid).cpu()
             if critic is not None:
-                st.values[idx, :t] = (response_values(critic, mb, mode=forward_mode) * mb.valid).cpu()
+                st.values[idx, :t] = (response_values(critic, mb, mode=critic_mode) * mb.valid).cpu()
     for m in models:
         m.train()
 

@@ -8,7 +8,7 @@ step ``steps - 1`` it saves the model and the backend state, and at the end it r
 into a fresh model + backend and redoes the last step. A config ending in "v" runs value
 pretraining's update instead (``run_value``: the critic alone, the stage's own row); one ending in
 "l" trains a LoRA adapter (``--lora-rank``'s: the base frozen, the adapter saved and resumed as
-`train` does). Rank 0 writes everything to ``--out``.
+`train` does); "t" cuts micro-batches to a token budget; "a" runs ``--forward-mode auto``. Rank 0 writes everything to ``--out``.
 
     python tests/train/ds_worker.py --model DIR --backend torch --work W --out ref.pt
     torchrun --nproc_per_node 2 tests/train/ds_worker.py --model DIR --backend deepspeed --zero 2,3,3o --work W --out ds.pt
@@ -28,6 +28,10 @@ GROUPS, GROUP_SIZE, MICRO, EPOCHS = 4, 4, 3, 2
 HPARAMS = dict(lr=2e-3, weight_decay=0.1, grad_clip=0.5, warmup_steps=2)
 LORA_RANK, LORA_LR = 4, 2e-2
 TOKEN_BUDGET = 25  # "3t": ZeRO-3 with micro-batches cut to 25 tokens (the ranks need different counts)
+# "3a": ZeRO-3 with --forward-mode auto: one mode per pass, chosen from every rank's token counts
+# summed (an all-reduce in each pass: the ranks' collectives must stay in step); a choice that
+# differed between ranks would differ in forward calls (packed one per micro-batch, shared two)
+# and hang ZeRO-3 (test_batch shows the summed counts decide).
 
 
 def fixed_groups(vocab: int, seed: int = 0) -> list[list[Any]]:
@@ -73,7 +77,7 @@ def policy(model_dir: Path, lora: bool, ckpt: Path | None = None) -> torch.nn.Mo
     return model
 
 
-def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, world: int, n_local: int, budget: int = 0) -> Any:
+def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, world: int, n_local: int, budget: int = 0, mode: str = "shared") -> Any:
     from reasonrl.algos import get_algo
     from reasonrl.train.learner import Learner
 
@@ -83,7 +87,8 @@ def make_learner(model: torch.nn.Module, backend: Any, tok: Any, rank: int, worl
     # GRPO + VAPO's positive-example NLL: its denominator (correct-response tokens) is global across ranks too
     return Learner(spec=get_algo("grpo").replace(pos_lm_coef=0.1), policy=model, policy_backend=backend, critic_backend=None, ref_model=None,
                    sampling=Sampling(), pad_id=tok.pad_token_id, max_len=16, micro_batch_size=MICRO, mini_batch_size=n_local,
-                   ppo_epochs=EPOCHS, dtype="fp32", seed=0, ranks=Ranks(rank, world), max_tokens_per_micro_batch=budget)
+                   ppo_epochs=EPOCHS, dtype="fp32", seed=0, ranks=Ranks(rank, world), max_tokens_per_micro_batch=budget,
+                   forward_mode=mode)
 
 
 def train_step(loop: Any, groups: list[list[Any]]) -> dict[str, float]:
@@ -129,7 +134,8 @@ def run_value(model_dir: Path, kind: str, zero: int, steps: int) -> dict[str, An
     return {"world": world, "metrics": metrics, "weights": weights} if rank == 0 else None
 
 
-def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path, lora: bool = False, budget: int = 0) -> dict[str, Any] | None:
+def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: Path, lora: bool = False, budget: int = 0,
+        mode: str = "shared") -> dict[str, Any] | None:
     from reasonrl.models.loading import load_tokenizer
     from reasonrl.models.lora import engine_weights
 
@@ -141,7 +147,7 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
     model = policy(model_dir, lora)
     backend = make_backend(kind, model, zero, offload, lora)
     partitioned = all(p.numel() == 0 for p in backend.model.parameters())  # ZeRO-3: each rank holds only its shard
-    loop = make_learner(backend.model, backend, tok, rank, world, n_local, budget)
+    loop = make_learner(backend.model, backend, tok, rank, world, n_local, budget, mode)
     metrics = []
     ckpt = work / "ckpt"
     for step in range(1, steps + 1):
@@ -154,7 +160,7 @@ def run(model_dir: Path, kind: str, zero: int, offload: bool, steps: int, work: 
     model2 = policy(model_dir, lora, ckpt / "policy")
     backend2 = make_backend(kind, model2, zero, offload, lora)
     backend2.load_state(ckpt / "state")
-    loop2 = make_learner(backend2.model, backend2, tok, rank, world, n_local, budget)
+    loop2 = make_learner(backend2.model, backend2, tok, rank, world, n_local, budget, mode)
     resumed = train_step(loop2, groups)
     resumed_weights = backend2.full_state_dict()
     if rank != 0:
@@ -172,7 +178,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--backend", choices=("torch", "deepspeed"), required=True)
     ap.add_argument("--zero", default="2", help="ZeRO configs, comma-separated, run in turn in one process group: 2, 3, 2o / 3o (CPU offload), 3v (value pretraining), "
-                    "2l / 3l (LoRA), 3t (token-budget micro-batches)")
+                    "2l / 3l (LoRA), 3t (token-budget micro-batches), 3a (--forward-mode auto)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
@@ -183,7 +189,7 @@ def main() -> None:
             results[name] = run_value(Path(a.model), a.backend, int(name[0]), a.steps)
         else:
             results[name] = run(Path(a.model), a.backend, int(name[0]), name.endswith("o"), a.steps, Path(a.work) / f"zero{name}", lora=name.endswith("l"),
-                                budget=TOKEN_BUDGET if name.endswith("t") else 0)
+                                budget=TOKEN_BUDGET if name.endswith("t") else 0, mode="auto" if name.endswith("a") else "shared")
     if results[name] is not None:
         torch.save(results, a.out)
 

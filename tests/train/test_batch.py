@@ -217,6 +217,30 @@ def test_forward_mode_follows_the_padding() -> None:
     assert cheapest({"plain": 1.5, "shared": 1.0, "packed": 2.0}, shared=False) == "plain"
 
 
+def test_pass_mode_decides_on_every_rank_s_counts(policy) -> None:
+    """``auto`` over a pass: the costs summed over its micro-batches and, through ``total`` (the
+    ranks' all-reduce), over every rank's, so ranks whose own counts would pick differently
+    agree; plain stands in for shared under gradient checkpointing."""
+    from reasonrl.train.batch import ForwardCost, cheapest, forward_costs, pass_mode
+
+    cost = ForwardCost.of(policy.config)
+    tail = build_batch([[5] * 8] * 6, [[7] * 40] + [[7] * 2] * 5, pad_id=0)  # padding dominates: packed
+    full = build_batch([[5] * 4] * 8, [[7] * 100] * 8, pad_id=0)  # no padding, one long packed sequence of attention: shared
+    assert forward_costs(tail, cost)["packed"] < forward_costs(tail, cost)["shared"]
+    assert forward_costs(full, cost)["shared"] < forward_costs(full, cost)["packed"]
+    keys = ("plain", "shared", "packed")
+
+    def summed(*batches):
+        return torch.tensor([sum(forward_costs(b, cost)[k] for b in batches) for k in keys], dtype=torch.float64)
+
+    assert pass_mode(policy, [tail], causal_lm=True) == "packed"
+    assert pass_mode(policy, [full], causal_lm=True) == "shared"
+    both = cheapest(dict(zip(keys, summed(tail, full).tolist())))
+    assert pass_mode(policy, [tail], causal_lm=True, total=lambda x: x + summed(full)) == both
+    assert pass_mode(policy, [full], causal_lm=True, total=lambda x: x + summed(tail)) == both  # the same answer from either rank
+    assert pass_mode(policy, [tail, full], causal_lm=True) == both
+
+
 def test_auto_and_unknown_modes(policy) -> None:
     prompts, responses = _varied()
     batch = build_batch(prompts, responses, pad_id=0)

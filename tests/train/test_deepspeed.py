@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.deepspeed, pytest.mark.slow, pytest.mark.timeout(900)]
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 WORKER = HERE / "ds_worker.py"
-CONFIGS = ["2", "3", "3o", "3t"]  # ZeRO stage; "o": offload_optimizer (+ offload_param for stage 3) to CPU with torch AdamW; "t": token-budget micro-batches
+CONFIGS = ["2", "3", "3o", "3t", "3a"]  # ZeRO stage; "o": offload_optimizer (+ offload_param for stage 3) to CPU with torch AdamW; "t": token-budget micro-batches; "a": --forward-mode auto
 VALUE = "3v"  # value pretraining's update under ZeRO-3
 LORAS = ["2l", "3l"]  # a LoRA adapter's update under ZeRO-2 and ZeRO-3 (`train --lora-rank`)
 

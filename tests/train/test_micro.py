@@ -48,6 +48,22 @@ def test_short_rows_go_many_to_a_micro_batch_long_ones_few():
     assert sum(lens.cost(m) for m in micros) < sum(lens.cost(m) for m in by_rows(arrange(lens, list(range(8)), 4), 4))
 
 
+def test_a_micro_batch_costs_the_tokens_its_forward_runs():
+    """shared: distinct prompts at the longest prompt + rows at the longest response; plain: rows
+    at the longest prompt + longest response; packed: the real tokens, each prompt once."""
+    kw = dict(prompt=[10, 10, 30], response=[50, 5, 20], group=[0, 0, 1])
+    rows = [0, 1, 2]
+    assert RowLengths(**kw).cost(rows) == 2 * 30 + 3 * 50
+    assert RowLengths(**kw, forward="plain").cost(rows) == 3 * (30 + 50)
+    assert RowLengths(**kw, forward="packed").cost(rows) == 10 + 30 + 50 + 5 + 20
+    # a budget counted in packed tokens takes more rows to a micro-batch (padding is not counted)
+    lens = _lens(seed=2)
+    every = list(range(len(lens.group)))
+    packed = RowLengths(lens.prompt, lens.response, lens.group, forward="packed")
+    assert len(to_budget(packed, every, 600)) < len(to_budget(lens, every, 600))
+    assert all(packed.cost(m) <= 600 or len(m) == 1 for m in to_budget(packed, every, 600))
+
+
 def test_split_to_reaches_the_count_keeping_every_row():
     lens = _lens(seed=3)
     rows = list(range(len(lens.group)))
