@@ -109,6 +109,11 @@ def mean_by_position(x: Tensor, mask: Tensor, n_bins: int | None = 32) -> list[f
     return means.tolist()
 
 
+#: Var(target) / mean(target²) at or below this is a constant target (a relative spread under
+#: 1e-6: float32 rounding of returns computed as advantages + values).
+CONSTANT_TARGET = 1e-12
+
+
 @torch.no_grad()
 def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> float:
     """Explained variance of ``target`` by ``pred`` over counted tokens:
@@ -116,9 +121,10 @@ def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> float:
         EV = 1 - Var(target - pred) / Var(target)
 
     1 is a perfect critic, 0 no better than predicting the mean, negative worse than that.
-    Population variances (the Bessel factor cancels). Var(target) = 0 (a constant target, e.g.
-    every return identical) or no counted token: returns 0.0 (EV is undefined there; 0.0 keeps
-    logs nan-free).
+    Population variances (the Bessel factor cancels). A constant target (every return identical,
+    e.g. a batch of all-wrong answers under λ = 1: Var(target) is then float32 rounding, below
+    :data:`CONSTANT_TARGET` × mean(target²), where EV would read −1e13) or no counted token:
+    returns 0.0 (EV is undefined there; 0.0 keeps logs nan-free and finite).
 
     Args:
         pred: (B, T) predictions (critic values).
@@ -132,7 +138,7 @@ def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> float:
     t = target.detach().double()[m]
     d = t - pred.detach().double()[m]
     var_t = t.var(unbiased=False)
-    if float(var_t) <= 0.0:
+    if float(var_t) <= CONSTANT_TARGET * float((t * t).mean()):
         return 0.0
     return float(1.0 - d.var(unbiased=False) / var_t)
 

@@ -268,7 +268,8 @@ def explained_variance(pred: Matrix, target: Matrix, mask: Matrix) -> float:
         return sum((x - mu) ** 2 for x in xs) / len(xs)
 
     vt = var(ts)
-    return 0.0 if vt <= 0 else 1.0 - var(ds) / vt
+    constant = vt <= 1e-12 * sum(t * t for t in ts) / len(ts)  # (a constant target up to float32 rounding)
+    return 0.0 if constant else 1.0 - var(ds) / vt
 
 
 def mean_by_position(x: Matrix, mask: Matrix, n_bins: int | None) -> list[float]:

@@ -109,6 +109,12 @@ def test_explained_variance() -> None:
     # Var(target) = 0 and empty mask: 0.0, never nan
     assert explained_variance(torch.randn(2, 3), torch.ones(2, 3), torch.ones(2, 3)) == 0.0
     assert explained_variance(t, t, torch.zeros(4, 9)) == 0.0
+    # every return -1 as λ = 1 GAE makes it in float32 (advantages + values): rounding, not variance
+    values = torch.randn(4, 9, generator=g)
+    returns = ((-1.0 - values) + values).double()
+    assert 0 < float(returns[m.bool()].var(unbiased=False)) < 1e-12  # (not exactly constant)
+    assert explained_variance(values, returns, m) == 0.0
+    assert ref.explained_variance(values.tolist(), returns.tolist(), m.int().tolist()) == 0.0
 
 
 def test_masked_helpers() -> None:
