@@ -190,12 +190,14 @@ class Learner:
         ``auto``'s fallback: an upper bound of either pick (and of the no-grad passes, in eval mode)."""
         P = st.batch.prompt_len
         group = st.group.tolist() if st.group is not None else list(range(st.batch.input_ids.shape[0]))
-        forward = self.forward_mode if self.forward_mode in ("packed", "plain") else padded_mode(self._model())
+        model = self._model()
+        forward = self.forward_mode if self.forward_mode in ("packed", "plain") or model is None else padded_mode(model)
         return RowLengths(prompt=[int(x) for x in st.batch.attention_mask[:, :P].sum(1).tolist()],
                           response=[int(x) for x in st.batch.valid.sum(1).tolist()], group=group, forward=forward)
 
-    def _model(self) -> torch.nn.Module:
-        """The trained model (the policy, or the critic in value pretraining; the frozen policy when none is trained)."""
+    def _model(self) -> torch.nn.Module | None:
+        """The trained model (the policy, or the critic in value pretraining; the frozen policy when
+        none is trained; None in a learner without models, whose budget counts shared's tokens)."""
         backend = self.policy_backend or self.critic_backend
         return backend.model if backend is not None else self.policy
 
