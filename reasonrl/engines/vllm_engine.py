@@ -141,6 +141,8 @@ class VLLMEngine:
                                enable_sleep_mode=enable_sleep_mode, block_size=block_size)
         self._join_launcher(kw, on_gpu=on_gpu)
         self._llm_kwargs = kw
+        if not on_gpu:
+            _guard_cpu_gemms()
         t0 = time.perf_counter()
         self.llm = self._construct(kw, on_gpu=on_gpu)
         self.construct_seconds = time.perf_counter() - t0
@@ -446,6 +448,35 @@ class ProgressHook:
 
     def close(self) -> None:
         pass
+
+
+_FIRST_ENGINE_THREADS: int | None = None  # torch's thread count when this process built its first CPU engine
+
+
+def _guard_cpu_gemms() -> None:
+    """vLLM 0.32 on CPU runs each linear layer through a oneDNN handler made at load (and again at
+    each ``reload_weights``). After an engine built under one torch thread count, an engine built
+    under another, once its weights were synced, sampled its multi-row decode steps from stale
+    weights (measured on a 2-core AMD EPYC without AVX-512, fp32: sampled log-probs 9-14 nats off
+    the synced model's, greedy single-row steps right; the same thread count: right;
+    ``tests/engines/test_vllm_weights.py``). So from the first engine built under another thread
+    count than the process's first engine on, layers go through torch's linear instead (decode
+    about 1.45x slower there). A process that keeps its thread count (a ``train`` run, the main
+    job) keeps oneDNN."""
+    global _FIRST_ENGINE_THREADS
+    import torch
+
+    threads = torch.get_num_threads()
+    if _FIRST_ENGINE_THREADS is None:
+        _FIRST_ENGINE_THREADS = threads
+        return
+    if threads != _FIRST_ENGINE_THREADS:
+        import vllm._custom_ops as ops
+
+        if getattr(ops, "_supports_onednn", False):
+            log.info("vLLM engine: torch threads %d, the process's first engine had %d: linear layers through torch, not oneDNN "
+                     "(stale weights after a sync)", threads, _FIRST_ENGINE_THREADS)
+            ops._supports_onednn = False
 
 
 def _repack_tied_lm_head(model: Any) -> int:

@@ -100,3 +100,33 @@ def test_update_without_lm_head_and_back_to_the_original(engine, tiny_model, pro
     restored = engine.generate(prompts, greedy)
     assert [x[0].token_ids for x in restored] == [x[0].token_ids for x in base]
     assert [x[0].logprobs for x in restored] == [x[0].logprobs for x in base]
+
+
+def test_an_engine_after_another_in_the_process_samples_its_synced_weights(tiny_model, tiny_tok, hf_logprobs) -> None:
+    """vLLM 0.32 on CPU (oneDNN GEMM handlers): after an engine built under 2 torch threads, an
+    engine built under 1 and then synced sampled its multi-row steps from stale weights (sampled
+    log-probs 9-14 nats off; greedy right), as the suite's random order made happen (the engine
+    tests run at 1 thread, others at 2). ``vllm_engine._guard_cpu_gemms`` builds torch-linear
+    layers then; this is the scenario (the root conftest puts the thread count back)."""
+    from reasonrl.engines.vllm_engine import VLLMEngine
+    from reasonrl.models import load_causal_lm
+
+    prompt = tiny_tok(PROMPT, add_special_tokens=False)["input_ids"]
+    target = tiny_tok(TARGET, add_special_tokens=False)["input_ids"]
+    torch.set_num_threads(2)
+    first = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
+    try:
+        first.generate([prompt] * 4, SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=1))
+    finally:
+        first.close()
+    torch.set_num_threads(1)
+    second = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=1024)
+    try:
+        second.generate([prompt], SamplingParams(temperature=0, max_tokens=24))
+        model = load_causal_lm(tiny_model, dtype=torch.float32)
+        _train(model, prompt + target, len(prompt))
+        second.update_weights(model.state_dict())
+        for c in second.generate([prompt], SamplingParams(n=2, temperature=0.8, max_tokens=12, seed=0))[0]:
+            torch.testing.assert_close(torch.tensor(c.logprobs), hf_logprobs(model, prompt, c.token_ids, temperature=0.8), atol=1e-4, rtol=0)
+    finally:
+        second.close()
