@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -316,13 +316,15 @@ def forward_mode(batch: Batch, cost: ForwardCost, *, shared: bool = True) -> str
     return cheapest(forward_costs(batch, cost), shared=shared)
 
 
-def pass_mode(model: Any, batches: Sequence[Batch], *, causal_lm: bool,
+def pass_mode(mode: str, model: Any, batches: Iterable[Batch], *, causal_lm: bool,
               total: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
-    """``auto``'s choice for a whole pass of ``model`` over ``batches`` (a step's or a mini-batch's
-    micro-batches): the cheapest mode by :func:`forward_costs` summed over them and, with
-    ``total`` (a sum over ranks, ``Ranks.sum``), over every rank's, so that every rank of a ZeRO-3
-    run picks the same mode and makes the same forward calls. ``plain`` stands in for ``shared``
-    under gradient checkpointing (``model`` in training mode)."""
+    """The mode of a whole pass of ``model`` over ``batches`` (a step's or a mini-batch's
+    micro-batches): ``mode`` itself unless it is ``auto`` (``batches`` are then not read); for
+    ``auto`` the cheapest by :func:`forward_costs` summed over them and, with ``total`` (a sum over
+    ranks, ``Ranks.sum``), over every rank's, so that every rank of a ZeRO-3 run picks the same
+    mode and makes the same forward calls; :func:`padded_mode` is the alternative to packed."""
+    if mode != "auto" or model is None:
+        return mode
     cost = ForwardCost.of(_config(model), causal_lm=causal_lm)
     keys = ("plain", "shared", "packed")
     sums = torch.zeros(len(keys), dtype=torch.float64)
@@ -331,7 +333,7 @@ def pass_mode(model: Any, batches: Sequence[Batch], *, causal_lm: bool,
         sums += torch.tensor([c[k] for k in keys], dtype=torch.float64)
     if total is not None:
         sums = total(sums)
-    return cheapest(dict(zip(keys, sums.tolist())), shared=not _checkpointing(model))
+    return cheapest(dict(zip(keys, sums.tolist())), shared=padded_mode(model) == "shared")
 
 
 def padded_mode(model: Any) -> str:

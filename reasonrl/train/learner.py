@@ -202,11 +202,8 @@ class Learner:
         return backend.model if backend is not None else self.policy
 
     def update_mode(self, model: torch.nn.Module, st: StepTensors, micros: list[tuple[list[int], float]], *, causal_lm: bool) -> str:
-        """The forward mode of one update's micro-batches: ``forward_mode``, or for ``auto`` the
-        cheapest over every rank's micro-batches of this mini-batch (the same on every rank)."""
-        if self.forward_mode != "auto":
-            return self.forward_mode
-        return pass_mode(model, [st.batch.select(idx) for idx, _ in micros], causal_lm=causal_lm, total=self._all_sum)
+        """The forward mode of one update's micro-batches (:func:`pass_mode` over every rank's: the same on every rank)."""
+        return pass_mode(self.forward_mode, model, (st.batch.select(idx) for idx, _ in micros), causal_lm=causal_lm, total=self._all_sum)
 
     def micro_batches(self, st: StepTensors, rows: list[int]) -> list[list[int]]:
         """``rows`` (a mini-batch) cut into micro-batches (``reasonrl.train.micro``): arranged and cut

@@ -11,8 +11,9 @@ it: shared, its distinct prompts at its longest prompt plus its rows at its long
 (padding included); plain, its rows at its longest prompt plus longest response; packed, its
 distinct prompts' and its rows' real tokens. ``auto`` is counted as the padded mode it would fall
 back to, an upper bound of whichever it picks, so the budget holds either way. By rows, a
-mini-batch is arranged so that this cost is low (``arrange``) and cut every ``micro`` rows. To a budget, the rows are taken in the cheaper of two orders (a group's rows
-together, or all rows longest first) and a micro-batch is closed when the next row would take its
+mini-batch is arranged so that this cost is low (``arrange``) and cut every ``micro`` rows. To a
+budget, the rows are taken in the cheaper of two orders (a group's rows together, or all rows
+longest first) and a micro-batch is closed when the next row would take its
 cost over the budget: short rows go many to a micro-batch, long rows few, so padding and the count
 of forward calls both shrink where lengths are heavy-tailed. A row whose cost alone exceeds the
 budget gets a micro-batch of its own.

@@ -84,12 +84,9 @@ def no_grad_passes(st: StepTensors, *, policy: torch.nn.Module | None, ref: torc
     for m in models:
         m.eval()
     auto = forward_mode == "auto"
-    mbs = [st.batch.select(idx) for idx in micros] if auto else []
-
-    def mode(model: torch.nn.Module | None, causal_lm: bool) -> str:
-        return pass_mode(model, mbs, causal_lm=causal_lm, total=total) if auto and model is not None else forward_mode
-
-    policy_mode, ref_mode, critic_mode = mode(policy, True), mode(ref, True), mode(critic, False)
+    mbs = [st.batch.select(idx) for idx in micros] if auto else []  # (selected once, for the costs and the passes)
+    policy_mode, ref_mode, critic_mode = (pass_mode(forward_mode, m, mbs, causal_lm=lm, total=total)
+                                          for m, lm in ((policy, True), (ref, True), (critic, False)))
     for i, idx in enumerate(micros):
         mb = (mbs[i] if auto else st.batch.select(idx)).to(device)
         t = mb.T

@@ -233,12 +233,12 @@ def test_pass_mode_decides_on_every_rank_s_counts(policy) -> None:
     def summed(*batches):
         return torch.tensor([sum(forward_costs(b, cost)[k] for b in batches) for k in keys], dtype=torch.float64)
 
-    assert pass_mode(policy, [tail], causal_lm=True) == "packed"
-    assert pass_mode(policy, [full], causal_lm=True) == "shared"
+    assert pass_mode("auto", policy, [tail], causal_lm=True) == "packed"
+    assert pass_mode("auto", policy, [full], causal_lm=True) == "shared"
     both = cheapest(dict(zip(keys, summed(tail, full).tolist())))
-    assert pass_mode(policy, [tail], causal_lm=True, total=lambda x: x + summed(full)) == both
-    assert pass_mode(policy, [full], causal_lm=True, total=lambda x: x + summed(tail)) == both  # the same answer from either rank
-    assert pass_mode(policy, [tail, full], causal_lm=True) == both
+    assert pass_mode("auto", policy, [tail], causal_lm=True, total=lambda x: x + summed(full)) == both
+    assert pass_mode("auto", policy, [full], causal_lm=True, total=lambda x: x + summed(tail)) == both  # the same answer from either rank
+    assert pass_mode("auto", policy, [tail, full], causal_lm=True) == both
 
 
 def test_auto_and_unknown_modes(policy) -> None:
