@@ -9,7 +9,8 @@ by a subprocess running the same CLI (``python -m reasonrl.cli train --config BA
 
 A rerun of the same command skips finished runs (their ``manifest.json``), resumes crashed ones
 (``--resume`` from their last checkpoint; ``--overwrite`` for one that stopped before its first
-checkpoint, which holds nothing to resume), and starts the others. ``--jobs N`` runs N at once;
+checkpoint, which holds nothing to resume), and starts the others. Each train run checkpoints at its
+validation steps (unless the recipe or ``--set save_every`` says otherwise) and keeps the newest one. ``--jobs N`` runs N at once;
 ``--dry-run`` prints the command lines instead (one per line, in an order that runs: critics
 first), for a cluster's scheduler; ``--collect DIR`` builds the table from whatever finished.
 
@@ -160,6 +161,8 @@ class Plan:
     critic_sets: dict[str, str]  # the critics' pretrain-value overrides
     steps: int = 0
     val_every: int = 0
+    save_every: int = 0  # each train run's checkpoint interval (resumable: not part of what())
+    keep_last: int = 0
     source: str = ""  # "preset dapo" or the spec file
 
     def rung(self, name: str) -> Rung:
@@ -290,6 +293,9 @@ def make_plan(cfg: AblateConfig) -> Plan:
         raise ReasonRLError(f"--set data: {first.data} not found (the base recipe's or --set data): pass --set data=DIR, a `reasonrl prepare-data` directory")
     plan.steps = first.steps
     plan.val_every = cfg.val_every or spec.get("val_every") or first.val_every or first.steps
+    # a run stopped mid-way (a session's end, a preempted node) resumes from its last checkpoint: without
+    # one of the recipe's, every validation step writes one, and only the newest is kept
+    plan.save_every, plan.keep_last = first.save_every or plan.val_every, first.keep_last or 1
     for r in rungs:
         train_config(plan, r, plan.seeds[0], Path(cfg.out))
     return plan
@@ -339,6 +345,8 @@ def _train_options(plan: Plan, rung: Rung, seed: int, out: Path, *, steps: int |
         opts["steps"] = steps
     if val_every:
         opts["val_every"] = val_every
+    if plan.save_every:
+        opts["save_every"], opts["keep_last"] = plan.save_every, plan.keep_last
     if rung.pretrained_critic:
         opts["critic"] = str(critic_dir(out, seed))
     return opts

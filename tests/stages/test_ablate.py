@@ -75,6 +75,18 @@ def test_vcppo_and_lambda_presets(tmp_path):
     assert PRESETS["dapo"].base == "train-dapo-cpu.toml" and PRESETS["vcppo"].base == "train-vcppo-cpu.toml"
 
 
+def test_every_train_run_checkpoints_at_its_validation_steps(tmp_path):
+    """A run stopped mid-way (a session's end) resumes from its last validation step, not from scratch;
+    a recipe's or --set's own interval wins, and only the newest checkpoint is kept."""
+    (tmp_path / "data").mkdir()
+    cfgs = [train_config(plan, r, 0, tmp_path) for plan in [make_plan(AblateConfig(preset="vcppo", seeds=1, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}"]))]
+            for r in plan.rungs]
+    assert all((c.save_every, c.keep_last) == (c.val_every, 1) == (4, 1) for c in cfgs)
+    plan = make_plan(AblateConfig(preset="dapo", seeds=1, steps=6, val_every=3, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}", "save_every=2", "keep_last=3"]))
+    assert all((train_config(plan, r, 0, tmp_path).save_every, train_config(plan, r, 0, tmp_path).keep_last) == (2, 3) for r in plan.rungs)
+    assert "--save-every 2 --keep-last 3" in make_jobs(plan, tmp_path)[0].line()
+
+
 @pytest.fixture
 def data_dir(tmp_path) -> Path:
     (tmp_path / "data").mkdir()
