@@ -79,6 +79,30 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), for a result's record and a cache's key."""
+    import platform
+
+    try:
+        return next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")),
+                    platform.processor())
+    except OSError:
+        return platform.processor()
+
+
+def cpu_key() -> dict[str, Any]:
+    """What makes two timings comparable: the CPU (model name and its bf16/AMX/AVX-512 flags, which
+    decide ``--dtype auto`` and the GEMM kernels), the CPUs available and torch's version."""
+    import torch
+
+    try:
+        flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return {"cpu": cpu_name(), "flags": sorted(f for f in flags if f.startswith(("avx512", "amx"))), "cpus": len(os.sched_getaffinity(0)),
+            "torch": torch.__version__}
+
+
 def run_logged(cmd: list[str], log: Path) -> None:
     """Run ``cmd`` with stdout + stderr into ``log``; a failure exits naming the log and its tail."""
     log.parent.mkdir(parents=True, exist_ok=True)

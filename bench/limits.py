@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 from pathlib import Path
 from typing import Any
 
-import harness  # noqa: F401  (this tree's reasonrl first on sys.path)
+import harness as H  # (this tree's reasonrl first on sys.path)
 
 
 def measure(shape: Any, rows: dict[str, int], dtypes: list[str], seconds: float) -> dict[str, dict[str, dict[str, float]]]:
@@ -94,8 +93,7 @@ def main() -> None:
                         prompt_len=a.prompt_len, train_prompts=a.prompts, train_rows=rows, train_tokens=round(rows * (a.prompt_len + a.response_len)))
         timed = [({}, c0)]
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), platform.processor()) \
-        if Path("/proc/cpuinfo").is_file() else platform.processor()
+    cpu = H.cpu_name()
     print(f"machine: {cpu}, {len(os.sched_getaffinity(0))} CPUs, torch {torch.__version__} threads {torch.get_num_threads()}, "
           f"native bf16 {hardware_bf16()} -> --dtype auto = {resolve_dtype('auto')}, CUDA {torch.cuda.is_available()}")
     print(f"model {model_dir.name}: {shape.params() / 1e6:.1f}M params, hidden {shape.hidden}, {shape.layers} layers, "

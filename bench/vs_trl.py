@@ -12,6 +12,10 @@ update per step, micro-batches of the same size. reasonrl runs as `reasonrl trai
 --loss-agg token-mean --eps-high 0.28`, TRL as GRPOTrainer(loss_type="dapo", beta=0, HF generate)
 with reasonrl's own rule reward (``reasonrl.rewards.math_reward``).
 
+A rerun continues: a run that finished under the same settings on the same machine (CPU model and
+flags, CPUs, torch; `bench_done.json` in its directory under --workdir) is kept, not rerun; --fresh
+reruns everything. So a bench longer than a session is run again until it ends.
+
 Every run is a fresh process (the real `reasonrl` CLI; this script's TRL worker mode): neither
 framework inherits the other's threads, allocator or vLLM's thread binding, and reasonrl is timed as
 a user runs it. Rounds alternate the frameworks (the order rotates each round) so load from other
@@ -137,6 +141,27 @@ def run_reasonrl(a: argparse.Namespace, engine: str, regime: H.Regime, data: Pat
     return [H.reasonrl_step(m) for m in H.train(args, out, log)]
 
 
+#: A finished run's record in its directory: what it measured and under what (``run_key``).
+DONE = "bench_done.json"
+
+
+def run_key(a: argparse.Namespace, regime: H.Regime, fw: str, model: str) -> dict[str, Any]:
+    """Everything a run's timings depend on: its settings and the machine (``harness.cpu_key``)."""
+    settings = {k: getattr(a, k) for k in ("steps", "prompts", "group_size", "max_response_len", "max_prompt_len", "micro_batch_size",
+                                           "temperature", "lr", "weight_decay", "grad_clip", "dtype", "seed")}
+    return {"regime": regime.name, "framework": fw, "model": model, **settings, **H.cpu_key()}
+
+
+def kept(out: Path, key: dict[str, Any]) -> list[dict[str, float]] | None:
+    """The steps of a run finished by an earlier invocation with the same key (so a rerun of a long
+    bench continues where it stopped: a session's end, a kill); None when it must run."""
+    try:
+        doc = json.loads((out / DONE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc["steps"] if doc.get("key") == key and (out / "metrics.jsonl").is_file() == (key["framework"] != "trl") else None
+
+
 FRAMEWORKS = {"trl": "TRL GRPOTrainer (HF generate)", "vllm": "reasonrl --engine vllm", "hf": "reasonrl --engine hf"}
 
 
@@ -209,6 +234,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, logs, and run directories (metrics.jsonl + config.json; checkpoints deleted)")
     ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
+    ap.add_argument("--fresh", action="store_true", help="rerun every run, even those an earlier invocation finished (see above)")
     ap.add_argument("--results", default=None, help="also write DIR/<regime>.json (bench/results/: TRL vs reasonrl --engine vllm, and the bound shares of bench/limits.py)")
     a = ap.parse_args()
     if a.trl_worker:
@@ -226,18 +252,27 @@ def main() -> None:
         if n % a.micro_batch_size:
             ap.error(f"{r.name}: prompts x group size ({n}) must be a multiple of --micro-batch-size ({a.micro_batch_size})")
     data = {r.name: H.prepare(r, work) for r in regimes}
+    if a.fresh:
+        for f in (work / "runs").glob(f"*/{DONE}"):
+            f.unlink()
     results: dict[str, dict[str, list]] = {r.name: {f: [] for f in fws} for r in regimes}
     for rnd in range(a.rounds):
         order = fws[rnd % len(fws):] + fws[: rnd % len(fws)]
         for r in regimes:
             for fw in order:
                 out, log = work / "runs" / f"{r.name}-{fw}-round{rnd + 1}", work / "logs" / f"{r.name}-{fw}-round{rnd + 1}.log"
-                t0 = time.perf_counter()
-                steps = run_trl(a, r, data[r.name], model, out, log) if fw == "trl" else run_reasonrl(a, fw, r, data[r.name], model, out, log)
+                key = run_key(a, r, fw, model)
+                steps, took = kept(out, key), "kept from an earlier invocation"
+                if steps is None:
+                    (out / DONE).unlink(missing_ok=True)
+                    t0 = time.perf_counter()
+                    steps = run_trl(a, r, data[r.name], model, out, log) if fw == "trl" else run_reasonrl(a, fw, r, data[r.name], model, out, log)
+                    took = f"process {time.perf_counter() - t0:.0f}s"
+                    (out / DONE).write_text(json.dumps({"key": key, "steps": steps, "process_s": time.perf_counter() - t0}))
                 timed = steps[a.warmup:]
                 results[r.name][fw] += timed
                 print(f"round {rnd + 1} {r.name:8s} {FRAMEWORKS[fw]:32s} s/step " + " ".join(f"{s['step_s']:.2f}" for s in steps)
-                      + f" (first {a.warmup} discarded) | process {time.perf_counter() - t0:.0f}s", flush=True)
+                      + f" (first {a.warmup} discarded) | {took}", flush=True)
     summary = {r.name: report(r, a, results[r.name]) for r in regimes}
     if a.results:
         if "vllm" not in fws:
