@@ -427,7 +427,33 @@ def draw_value(runs: list[Run], smooth: int) -> Drawn:
     if d.fig is not None and any(r.stage == "pretrain-value" for r in critics):
         for ax in d.fig.axes:
             ax.set_xlabel("step (pretrain-value: value steps)")
+    for ax in d.fig.axes if d.fig is not None else []:
+        if ax.get_title() == "explained variance":
+            _floor(ax, EV_FLOOR)
     return d
+
+
+#: Explained variance is unbounded below (a critic worse than the mean predictor); below this it is
+#: drawn at the floor, so that one bad step does not flatten the curves that matter (0 … 1).
+EV_FLOOR = -1.0
+
+
+def _floor(ax: Any, lo: float) -> None:
+    """Draw the axis's values below ``lo`` at ``lo``, marked ▼, and say so in the title."""
+    import numpy as np
+
+    clipped = False
+    for line in ax.get_lines():
+        y = np.asarray(line.get_ydata(), dtype=float)
+        below = y < lo
+        if below.any():
+            clipped = True
+            line.set_ydata(np.where(below, lo, y))
+            x = np.asarray(line.get_xdata(), dtype=float)
+            ax.plot(x[below], np.full(below.sum(), lo), linestyle="none", marker="v", color=line.get_color(), markersize=7)
+    if clipped:
+        ax.set_ylim(bottom=lo - 0.05 * (1 - lo))
+        ax.set_title(f"{ax.get_title()} (▼: below {lo:g}, drawn at it)")
 
 
 @figure("value_bias", "Value and advantage by position, before and after value pretraining")

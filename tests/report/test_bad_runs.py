@@ -290,3 +290,18 @@ def test_a_non_finite_eval_value_is_not_drawn_and_named(runs, tmp_path):
     (ev / "results.json").write_text(json.dumps(res))
     man, _, _ = report(tmp_path, ev)
     assert man["figures"] == [] and "eval: avg@4 is not finite (inf): not drawn" in man["skipped"]["eval"]
+
+
+def test_explained_variance_below_its_floor_is_drawn_at_it_and_marked():
+    """The critic's log holds an explained variance of −4.6e13 (every return of a batch equal, before
+    that read 0): drawn at −1 with a ▼, so the other steps' curve (−0.004 …) stays readable."""
+    from reasonrl.report.figures import EV_FLOOR, draw_value
+    from reasonrl.report.runs import read_run
+
+    d = draw_value([read_run(DATA / "critic", "pretrain-value", True)], 1)
+    ax = next(a for a in d.fig.axes if a.get_title().startswith("explained variance"))
+    assert "▼" in ax.get_title() and ax.get_ylim()[0] >= EV_FLOOR - 0.2
+    ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+    assert min(ys) == EV_FLOOR and any(-1 < y < 0 for y in ys)
+    loss = next(a for a in d.fig.axes if a.get_title() == "value loss")
+    assert "▼" not in loss.get_title()
