@@ -299,6 +299,8 @@ def collect_runs(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
     base = Path(*resolved[0].parts[: _common(resolved)]) if len(resolved) > 1 else resolved[0].parent
     for r, rp in zip(runs, resolved):
         r.label = str(rp.relative_to(base)) if rp != base else rp.name
+        if r.label.startswith("_"):  # (matplotlib leaves a label starting with "_" out of the legend: an ablation's _critic/seed-k)
+            r.label = str(rp.relative_to(base.parent)) if base.parent != base else f"./{r.label}"
     return runs, skipped
 
 

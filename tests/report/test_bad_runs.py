@@ -305,3 +305,19 @@ def test_explained_variance_below_its_floor_is_drawn_at_it_and_marked():
     assert min(ys) == EV_FLOOR and any(-1 < y < 0 for y in ys)
     loss = next(a for a in d.fig.axes if a.get_title() == "value loss")
     assert "▼" not in loss.get_title()
+
+
+def test_a_run_named_with_a_leading_underscore_is_in_the_legend(tmp_path):
+    """An ablation's critics live in _critic/seed-k; matplotlib hides a legend label that starts with
+    "_", so the report labels them with their parent (abl/_critic/seed-0)."""
+    from reasonrl.report import collect_runs
+    from reasonrl.report.figures import draw_value
+
+    shutil.copytree(DATA / "critic", tmp_path / "abl" / "_critic" / "seed-0")
+    shutil.copytree(DATA / "train", tmp_path / "abl" / "ppo" / "seed-0")
+    runs, _ = collect_runs([tmp_path / "abl" / "_critic" / "seed-0", tmp_path / "abl" / "ppo" / "seed-0"])
+    assert [r.label for r in runs] == ["abl/_critic/seed-0", "ppo/seed-0"]
+    fig = draw_value(runs, 1).fig
+    shown = {t.get_text() for ax in fig.axes for leg in [ax.get_legend()] if leg for t in leg.get_texts()} \
+        | {t.get_text() for leg in fig.legends for t in leg.get_texts()}
+    assert any("abl/_critic/seed-0" in t for t in shown), shown
