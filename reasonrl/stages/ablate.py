@@ -10,9 +10,10 @@ by a subprocess running the same CLI (``python -m reasonrl.cli train --config BA
 A rerun of the same command skips finished runs (their ``manifest.json``), resumes crashed ones
 (``--resume`` from their last checkpoint; ``--overwrite`` for one that stopped before its first
 checkpoint, which holds nothing to resume), and starts the others. Each train run checkpoints at its
-validation steps (unless the recipe or ``--set save_every`` says otherwise) and keeps the newest one. ``--jobs N`` runs N at once;
-``--dry-run`` prints the command lines instead (one per line, in an order that runs: critics
-first), for a cluster's scheduler; ``--collect DIR`` builds the table from whatever finished.
+validation steps (unless the recipe or ``--set save_every`` says otherwise) and keeps the newest
+one. ``--jobs N`` runs N at once; ``--dry-run`` prints the command lines instead (one per line, in
+an order that runs: critics first), for a cluster's scheduler; ``--collect DIR`` builds the table
+from whatever finished.
 
 Outputs in ``out/``: ``plan.json`` (the rungs, seeds and each run's command; written first),
 ``logs/<run>.log`` (each run's console, appended across reruns), ``ablation.json`` (the table) and
