@@ -237,8 +237,10 @@ def draw_validation(runs: list[Run], smooth: int) -> Drawn:
 @figure("ablation", "Ablation: the rungs overlaid")
 def draw_ablation(runs: list[Run], smooth: int) -> Drawn:
     """``reasonrl ablate``: one colour per rung, its mean over seeds at each step (the steps every
-    seed of the rung logged), the band from the lowest to the highest seed; left: held-out avg@n
-    (validation during training), right: the policy's entropy (DAPO fig. 2)."""
+    seed of the rung logged), the band from the lowest to the highest seed: held-out avg@n
+    (validation during training), the policy's entropy (DAPO fig. 2), the mean response length
+    and the share cut at L_max. A rung with finished runs is drawn from those (a running seed
+    would cut its curve short); one with none from what its runs logged so far."""
     out = Drawn()
     groups: dict[str, list[Run]] = {}
     for r in train_runs(runs):
@@ -247,14 +249,22 @@ def draw_ablation(runs: list[Run], smooth: int) -> Drawn:
     if not groups:
         out.notes.append("no ablation among these runs (reasonrl ablate)")
         return out
+    for rung, members in groups.items():
+        done = [m for m in members if m.complete]
+        if done and len(done) < len(members):
+            out.notes.append(f"{rung}: {len(members) - len(done)} unfinished run(s) left out ({', '.join(m.label for m in members if not m.complete)})")
+            groups[rung] = done
     from matplotlib import colormaps
 
-    fig, axes = _figure(2)
-    drawn = [False, False]
-    for i, (ax, title, ylabel) in enumerate(((axes[0], "validation accuracy", "held-out avg@n (band: lowest … highest seed)"),
-                                             (axes[1], "policy entropy", "entropy (nats / token)"))):
+    fig, axes = _figure(2, 2)
+    drawn = [False] * 4
+    panels = ((axes[0], "validation accuracy", "held-out avg@n (band: lowest … highest seed)", None),
+              (axes[1], "policy entropy", "entropy (nats / token)", "actor/entropy"),
+              (axes[2], "response length", "tokens per response (mean)", "rollout/response_length_mean"),
+              (axes[3], "truncation", "share of responses cut at L_max", "rollout/truncated_frac"))
+    for i, (ax, title, ylabel, metric) in enumerate(panels):
         for g, (rung, members) in enumerate(groups.items()):
-            key = _val_key(members[0]) if i == 0 else "actor/entropy"
+            key = _val_key(members[0]) if metric is None else metric
             if key is None:
                 out.notes.append(f"{rung}: no validation (train --val-every)")
                 continue
@@ -452,6 +462,8 @@ def _floor(ax: Any, lo: float) -> None:
             x = np.asarray(line.get_xdata(), dtype=float)
             ax.plot(x[below], np.full(below.sum(), lo), linestyle="none", marker="v", color=line.get_color(), markersize=7)
     if clipped:
+        ax.relim()  # (the limits were autoscaled to the values before they were clipped)
+        ax.autoscale_view()
         ax.set_ylim(bottom=lo - 0.05 * (1 - lo))
         ax.set_title(f"{ax.get_title()} (▼: below {lo:g}, drawn at it)")
 

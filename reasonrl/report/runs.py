@@ -62,6 +62,7 @@ class Run:
     stage: str  # train | pretrain-value | eval
     label: str = ""
     rung: str = ""  # the ablation rung (``reasonrl ablate``'s out/<rung>/seed-<k>/), else ""
+    complete: bool = True  # its manifest.json is written (the stage finished)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl, one dict per step, each with an int "step"
     config: dict[str, Any] = field(default_factory=dict)
     bias: dict[str, Any] | None = None  # pretrain-value's bias.json
@@ -195,7 +196,7 @@ def _stage_of(d: Path) -> tuple[str | None, bool, str | None]:
 
 
 def read_run(d: Path, stage: str, complete: bool, corrupt: str | None = None) -> Run:
-    run = Run(path=d, stage=stage)
+    run = Run(path=d, stage=stage, complete=complete and corrupt is None)
     if corrupt is not None:
         run.skip(MANIFEST, f"the file is {corrupt}")
         run.notes.append(f"{d / MANIFEST} is corrupt ({corrupt}): read as an unfinished run, as far as its files go")

@@ -300,7 +300,7 @@ def test_explained_variance_below_its_floor_is_drawn_at_it_and_marked():
 
     d = draw_value([read_run(DATA / "critic", "pretrain-value", True)], 1)
     ax = next(a for a in d.fig.axes if a.get_title().startswith("explained variance"))
-    assert "▼" in ax.get_title() and ax.get_ylim()[0] >= EV_FLOOR - 0.2
+    assert "▼" in ax.get_title() and EV_FLOOR - 0.2 <= ax.get_ylim()[0] and ax.get_ylim()[1] <= 1.2
     ys = [y for line in ax.get_lines() for y in line.get_ydata()]
     assert min(ys) == EV_FLOOR and any(-1 < y < 0 for y in ys)
     loss = next(a for a in d.fig.axes if a.get_title() == "value loss")
@@ -321,3 +321,28 @@ def test_a_run_named_with_a_leading_underscore_is_in_the_legend(tmp_path):
     shown = {t.get_text() for ax in fig.axes for leg in [ax.get_legend()] if leg for t in leg.get_texts()} \
         | {t.get_text() for leg in fig.legends for t in leg.get_texts()}
     assert any("abl/_critic/seed-0" in t for t in shown), shown
+
+
+def test_the_ablation_figure_draws_a_rung_from_its_finished_runs(tmp_path):
+    """A rung whose third seed is still running is drawn from its finished seeds (the running one
+    would cut every curve to the steps it has logged), and says so; four panels: validation,
+    entropy, response length, truncation."""
+    from reasonrl.report import collect_runs
+    from reasonrl.report.figures import draw_ablation
+
+    abl = tmp_path / "abl"
+    for s in (0, 1, 2):
+        shutil.copytree(DATA / "train", abl / "ppo" / f"seed-{s}")
+    (abl / "plan.json").write_text(json.dumps({"rungs": [{"name": "ppo"}], "seeds": [0, 1, 2]}))
+    running = abl / "ppo" / "seed-2"
+    (running / "manifest.json").unlink()
+    lines = (running / "metrics.jsonl").read_text().splitlines()
+    (running / "metrics.jsonl").write_text(lines[0] + "\n")  # one step so far
+    runs, _ = collect_runs([abl])
+    assert sorted((r.label, r.complete) for r in runs) == [("seed-0", True), ("seed-1", True), ("seed-2", False)]
+    d = draw_ablation(runs, 1)
+    assert any("ppo: 1 unfinished run(s) left out (seed-2)" in n for n in d.notes), d.notes
+    titles = [ax.get_title() for ax in d.fig.axes]
+    assert titles == ["validation accuracy", "policy entropy", "response length", "truncation"]
+    ent = d.fig.axes[1]
+    assert [t.get_text() for t in ent.get_legend().get_texts()] == ["ppo (2 seeds)"] and len(ent.get_lines()[0].get_xdata()) == len(STEPS)
