@@ -143,6 +143,7 @@ class VLLMEngine:
         self._llm_kwargs = kw
         if not on_gpu:
             _guard_cpu_gemms()
+        self._onednn = _onednn_flag()  # how this engine's layers were built: its reloads must build them alike
         t0 = time.perf_counter()
         self.llm = self._construct(kw, on_gpu=on_gpu)
         self.construct_seconds = time.perf_counter() - t0
@@ -375,7 +376,7 @@ class VLLMEngine:
         weights = items() if in_process else list(items())  # a generator cannot cross a process boundary
         t0 = time.perf_counter()
         self._wake(["weights"])
-        with torch.no_grad():
+        with torch.no_grad(), _onednn_as(self._onednn):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             if self.tied_embeddings:
                 self.llm.apply_model(_repack_tied_lm_head)
@@ -477,6 +478,34 @@ def _guard_cpu_gemms() -> None:
             log.info("vLLM engine: torch threads %d, the process's first engine had %d: linear layers through torch, not oneDNN "
                      "(stale weights after a sync)", threads, _FIRST_ENGINE_THREADS)
             ops._supports_onednn = False
+
+
+def _onednn_flag() -> bool | None:
+    """vLLM's process-wide choice of oneDNN for CPU linear layers (None: not a CPU build)."""
+    try:
+        import vllm._custom_ops as ops
+    except ImportError:
+        return None
+    return getattr(ops, "_supports_onednn", None)
+
+
+@contextlib.contextmanager
+def _onednn_as(flag: bool | None) -> Iterator[None]:
+    """vLLM's oneDNN choice set to ``flag`` (an engine's, as built) for a reload, then restored: a
+    later engine's ``_guard_cpu_gemms`` turns it off process-wide, and an engine built with oneDNN
+    (its weights emptied into handlers) cannot reload through torch's linear (the layers' empty
+    weights: "size of tensor a (0) must match ... (64)", found by the suite's random order)."""
+    if flag is None:
+        yield
+        return
+    import vllm._custom_ops as ops
+
+    before = getattr(ops, "_supports_onednn", None)
+    ops._supports_onednn = flag
+    try:
+        yield
+    finally:
+        ops._supports_onednn = before
 
 
 def _repack_tied_lm_head(model: Any) -> int:

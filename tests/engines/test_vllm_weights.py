@@ -130,3 +130,40 @@ def test_an_engine_after_another_in_the_process_samples_its_synced_weights(tiny_
             torch.testing.assert_close(torch.tensor(c.logprobs), hf_logprobs(model, prompt, c.token_ids, temperature=0.8), atol=1e-4, rtol=0)
     finally:
         second.close()
+
+
+def test_an_engine_still_reloads_after_a_later_engine_turned_onednn_off(tiny_model, tiny_tok, hf_logprobs, monkeypatch) -> None:
+    """An engine built with oneDNN handlers (its layers' weights emptied into them) stays alive while
+    a later engine, built under another thread count, turns vLLM's oneDNN off process-wide: the first
+    one's next sync must still load (it failed with "size of tensor a (0) must match ... (64)" in the
+    suite's random order) and sample the synced weights."""
+    import vllm._custom_ops as ops
+
+    from reasonrl.engines import vllm_engine
+    from reasonrl.engines.vllm_engine import VLLMEngine
+    from reasonrl.models import load_causal_lm
+
+    if not getattr(ops, "_supports_onednn", False):
+        pytest.skip("this vLLM build has no oneDNN GEMMs")
+    monkeypatch.setattr(vllm_engine, "_FIRST_ENGINE_THREADS", None)
+    monkeypatch.setattr(ops, "_supports_onednn", True)
+    prompt = tiny_tok(PROMPT, add_special_tokens=False)["input_ids"]
+    target = tiny_tok(TARGET, add_special_tokens=False)["input_ids"]
+    torch.set_num_threads(2)
+    first = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
+    second = None
+    try:
+        torch.set_num_threads(1)
+        second = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)  # (alive to the end: closing one engine tears down vLLM's process-wide groups)
+        assert ops._supports_onednn is False  # (the guard's doing)
+        model = load_causal_lm(tiny_model, dtype=torch.float32)
+        _train(model, prompt + target, len(prompt))
+        torch.set_num_threads(2)
+        first.update_weights(model.state_dict())
+        assert ops._supports_onednn is False  # restored after the reload
+        for c in first.generate([prompt], SamplingParams(n=2, temperature=0.8, max_tokens=12, seed=0))[0]:
+            torch.testing.assert_close(torch.tensor(c.logprobs), hf_logprobs(model, prompt, c.token_ids, temperature=0.8), atol=1e-4, rtol=0)
+    finally:
+        if second is not None:
+            second.close()
+        first.close()
