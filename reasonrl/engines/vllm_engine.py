@@ -70,6 +70,7 @@ import functools
 import os
 import re
 import time
+import weakref
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from reasonrl.console import error_line, library_bars
@@ -146,6 +147,7 @@ class VLLMEngine:
         self._onednn = _onednn_flag()  # how this engine's layers were built: its reloads must build them alike
         t0 = time.perf_counter()
         self.llm = self._construct(kw, on_gpu=on_gpu)
+        _OPEN_ENGINES.add(self)
         self.construct_seconds = time.perf_counter() - t0
         self.prefix_caching = enable_prefix_caching
 
@@ -398,18 +400,23 @@ class VLLMEngine:
         if llm is None:
             return
         self.llm = None
+        _OPEN_ENGINES.discard(self)
         from vllm.distributed import parallel_state as ps
 
         # The in-process engine core's shutdown frees the executor and KV cache, unfreezes gc and
         # tears down vLLM's distributed state, including torch's default process group: that is
         # vLLM's own group unless a trainer (DeepSpeed/torchrun) created it, which must survive.
-        with _keep_default_process_group(enabled=not self._owns_dist):
+        # vLLM's groups are process-wide and shared by every engine of this process: they go with
+        # the last one (closing one of two engines broke the other's next generate).
+        last = not _OPEN_ENGINES
+        with _keep_default_process_group(enabled=not self._owns_dist), _keep_parallel_state(enabled=not last):
             try:
                 llm.llm_engine.engine_core.shutdown()
             except Exception as e:  # noqa: BLE001 - best effort; the objects are dropped below anyway
                 log.warning("vLLM engine shutdown: %s: %s", type(e).__name__, e)
-            ps.destroy_model_parallel()
-            ps.destroy_distributed_environment()
+            if last:
+                ps.destroy_model_parallel()
+                ps.destroy_distributed_environment()
         del llm
         gc.collect()
         import torch
@@ -451,6 +458,7 @@ class ProgressHook:
         pass
 
 
+_OPEN_ENGINES: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()  # this process's engines not yet closed
 _FIRST_ENGINE_THREADS: int | None = None  # torch's thread count when this process built its first CPU engine
 
 
@@ -524,6 +532,28 @@ def _repack_tied_lm_head(model: Any) -> int:
             m.quant_method.process_weights_after_loading(m)
             n += 1
     return n
+
+
+@contextlib.contextmanager
+def _keep_parallel_state(enabled: bool) -> Iterator[None]:
+    """While active, an in-process engine core's shutdown frees its own objects but leaves vLLM's
+    process-wide parallel groups, which other open engines of this process still use."""
+    if not enabled:
+        yield
+        return
+    from vllm.v1.engine import core
+
+    orig = core.cleanup_dist_env_and_memory
+
+    def cleanup(shutdown_ray: bool = False) -> None:
+        gc.unfreeze()
+        gc.collect()
+
+    core.cleanup_dist_env_and_memory = cleanup
+    try:
+        yield
+    finally:
+        core.cleanup_dist_env_and_memory = orig
 
 
 @contextlib.contextmanager

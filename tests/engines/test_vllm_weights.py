@@ -143,22 +143,26 @@ def test_an_engine_still_reloads_after_a_later_engine_turned_onednn_off(tiny_mod
     from reasonrl.engines.vllm_engine import VLLMEngine
     from reasonrl.models import load_causal_lm
 
-    if not getattr(ops, "_supports_onednn", False):
+    if not hasattr(torch.ops._C, "create_onednn_mm_handler"):
         pytest.skip("this vLLM build has no oneDNN GEMMs")
-    monkeypatch.setattr(vllm_engine, "_FIRST_ENGINE_THREADS", None)
+    # `first` is built as this process's first engine was (its thread count, oneDNN on: an earlier
+    # guard may have turned it off), `second` under another count. The guard's record of the first
+    # engine is left as the process made it: resetting it let a later test build a oneDNN engine
+    # under another count than `first`'s, whose synced weights were then stale (random order).
+    threads = vllm_engine._FIRST_ENGINE_THREADS or torch.get_num_threads()
     monkeypatch.setattr(ops, "_supports_onednn", True)
     prompt = tiny_tok(PROMPT, add_special_tokens=False)["input_ids"]
     target = tiny_tok(TARGET, add_special_tokens=False)["input_ids"]
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     first = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
     second = None
     try:
-        torch.set_num_threads(1)
-        second = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)  # (alive to the end: closing one engine tears down vLLM's process-wide groups)
+        torch.set_num_threads(2 if threads == 1 else 1)
+        second = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
         assert ops._supports_onednn is False  # (the guard's doing)
         model = load_causal_lm(tiny_model, dtype=torch.float32)
         _train(model, prompt + target, len(prompt))
-        torch.set_num_threads(2)
+        torch.set_num_threads(threads)
         first.update_weights(model.state_dict())
         assert ops._supports_onednn is False  # restored after the reload
         for c in first.generate([prompt], SamplingParams(n=2, temperature=0.8, max_tokens=12, seed=0))[0]:
@@ -167,3 +171,26 @@ def test_an_engine_still_reloads_after_a_later_engine_turned_onednn_off(tiny_mod
         if second is not None:
             second.close()
         first.close()
+
+
+def test_closing_one_engine_leaves_the_others_working(engine, tiny_model, prompts) -> None:
+    """vLLM's parallel groups are process-wide: closing a second engine must leave them to the open
+    one, which still syncs and generates (its next generate failed with "pipeline model parallel
+    group is not initialized", the clean-clone CI's random order)."""
+    from reasonrl.engines.vllm_engine import VLLMEngine
+    from reasonrl.models import load_causal_lm
+
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    other = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)
+    try:
+        theirs = other.generate(prompts, greedy)
+    finally:
+        other.close()
+    engine.update_weights(load_causal_lm(tiny_model, dtype=torch.float32).state_dict())
+    ours = engine.generate(prompts, greedy)
+    assert [g[0].token_ids for g in ours] == [g[0].token_ids for g in theirs]
+    again = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512)  # (a new engine after a close still builds)
+    try:
+        assert [g[0].token_ids for g in again.generate(prompts, greedy)] == [g[0].token_ids for g in theirs]
+    finally:
+        again.close()
