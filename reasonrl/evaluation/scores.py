@@ -295,6 +295,38 @@ def bootstrap_ci(
     return _quantile(means, alpha / 2), _quantile(means, 1 - alpha / 2)
 
 
+def two_level_bootstrap_ci(
+    per_run_values: Sequence[Sequence[float]],
+    n_boot: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean over runs of each run's mean over problems, resampling
+    at both levels: the runs (seeds) with replacement, then each drawn run's problems.
+
+    ``per_run_values[s][p]`` is run s's value on problem p (the runs may hold different problems).
+    The statistic is ``mean_s mean_p``; each resample draws k runs of the k, then for each drawn run
+    its m_s problems of the m_s. Unlike :func:`bootstrap_ci` over the pooled (run, problem) values,
+    the interval carries the spread between training runs, not only the problems' (with 3 runs it
+    still rests on 3 draws: read the per-run values beside it). Deterministic for a given ``seed``.
+    """
+    runs = [[float(v) for v in r] for r in per_run_values]
+    if not runs or any(not r for r in runs):
+        raise ValueError("two_level_bootstrap_ci needs at least one run, each with at least one value")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    rng = random.Random(seed)
+    k = len(runs)
+    means = []
+    for _ in range(n_boot):
+        drawn = rng.choices(runs, k=k)
+        means.append(math.fsum(math.fsum(rng.choices(r, k=len(r))) / len(r) for r in drawn) / k)
+    means.sort()
+    return _quantile(means, alpha / 2), _quantile(means, 1 - alpha / 2)
+
+
 def per_problem_values(
     correct: Sequence[Sequence[bool]],
     answers: Sequence[Sequence[str | None]] | None = None,

@@ -18,8 +18,8 @@ from whatever finished.
 Outputs in ``out/``: ``plan.json`` (the rungs, seeds and each run's command; written first),
 ``logs/<run>.log`` (each run's console, appended across reruns), ``ablation.json`` (the table) and
 ``manifest.json`` last, once every run has finished. The table, per rung: final and best
-validation avg@n (the mean over seeds, with a 95% percentile-bootstrap interval over the seeds ×
-problems), the area under the validation curve, final entropy, clip fractions, response length and
+validation avg@n (the mean over seeds, with a 95% percentile-bootstrap interval that resamples the
+seeds, then each seed's problems), the area under the validation curve, final entropy, clip fractions, response length and
 truncation, dynamic-sampling rounds, seconds per step; and the difference to the previous rung,
 paired by seed and problem, with its interval (``reasonrl.evaluation.scores``). The per-problem
 values come from each run's ``validation.jsonl``.
@@ -566,25 +566,28 @@ def _size_mib(d: Path | None) -> float:
 
 
 def _with_ci(per_seed: list[list[float]], n_boot: int) -> dict[str, Any]:
-    """The mean over seeds of each seed's mean over problems, with the percentile-bootstrap
-    interval over the seeds × problems (every (seed, problem) value resampled)."""
-    from reasonrl.evaluation.scores import bootstrap_ci
+    """The mean over seeds of each seed's mean over problems. ``ci``: the two-level percentile
+    bootstrap (the seeds, then each drawn seed's problems), so it carries the spread between
+    training runs; ``ci_problems``: the bootstrap over the pooled (seed, problem) values, the
+    problems' noise given these runs (narrower: it takes the runs as fixed)."""
+    from reasonrl.evaluation.scores import bootstrap_ci, two_level_bootstrap_ci
 
     flat = [x for v in per_seed for x in v]
-    lo, hi = bootstrap_ci(flat, n_boot=n_boot, seed=0)
-    return {"value": _mean([_mean(v) for v in per_seed]), "ci": [lo, hi], "per_seed": [_mean(v) for v in per_seed]}
+    return {"value": _mean([_mean(v) for v in per_seed]), "ci": list(two_level_bootstrap_ci(per_seed, n_boot=n_boot, seed=0)),
+            "ci_problems": list(bootstrap_ci(flat, n_boot=n_boot, seed=0)), "per_seed": [_mean(v) for v in per_seed]}
 
 
 def _paired(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]], key: str, n_boot: int) -> dict[str, Any] | None:
-    """``after − before`` paired by seed and problem (the seeds both finished, the same problems)."""
+    """``after − before`` paired by seed and problem (the seeds both finished, the same problems):
+    per seed, the difference on each problem; intervals as :func:`_with_ci`'s over those differences."""
     from reasonrl.evaluation.scores import paired_difference
 
     seeds = [s for s in sorted(after) if s in before and after[s]["where"] == before[s]["where"]]
     if not seeds:
         return None
-    a = [x for s in seeds for x in after[s][key]]
-    b = [x for s in seeds for x in before[s][key]]
-    return {**paired_difference(a, b, n_boot=n_boot, seed=0), "seeds": seeds}
+    diffs = [[float(a) - float(b) for a, b in zip(after[s][key], before[s][key], strict=True)] for s in seeds]
+    pooled = paired_difference([x for s in seeds for x in after[s][key]], [x for s in seeds for x in before[s][key]], n_boot=n_boot, seed=0)
+    return {**_with_ci(diffs, n_boot), "ci_problems": pooled["ci"], "problems": pooled["problems"], "seeds": seeds}
 
 
 def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot: int) -> dict[str, Any]:
@@ -627,7 +630,8 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
     bad += [k for k, v in critics.items() if v["status"] in ("failed", "blocked")]
     missing = [f"{r['name']}/seed-{s}" for r in rows for s, v in r["runs"].items() if v["status"] == "unfinished"]
     return {"source": plan_doc["source"], "base": plan_doc["base"], "seeds": plan_doc["seeds"], "steps": plan_doc["steps"], "val_every": plan_doc["val_every"],
-            "bootstrap": n_boot, "interval": "95% percentile bootstrap over seeds × problems; vs_previous: paired by seed and problem",
+            "bootstrap": n_boot, "interval": ("95% percentile bootstrap, two levels: the seeds, then each drawn seed's problems (ci); over the pooled (seed, problem) "
+                                              "values, the runs taken as fixed (ci_problems); vs_previous: paired by seed and problem"),
             "rungs": rows, "critics": critics, "failed": bad, "unfinished": missing, "complete": not bad and not missing}
 
 
@@ -652,7 +656,7 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     metric = next((r["metric"] for r in doc["rungs"] if r.get("metric")), "avg@n")
-    acc = Table(title=f"ablation ({doc['source']}): validation {metric} in % [95% CI over seeds × problems]", box=box.SIMPLE_HEAD,
+    acc = Table(title=f"ablation ({doc['source']}): validation {metric} in % [95% CI: seeds, then problems]", box=box.SIMPLE_HEAD,
                 caption="Δ: to the rung above, paired by seed and problem; AUC: the validation curve's mean level")
     for c in ("rung", "seeds", "final", "best", "AUC", "Δ final"):
         acc.add_column(c, justify="left" if c == "rung" else "right")

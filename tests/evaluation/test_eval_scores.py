@@ -189,3 +189,31 @@ def test_paired_difference_resamples_pairs() -> None:
     assert lo_a < hi_b  # ... though the two separate intervals overlap
     with pytest.raises(ValueError, match="same problems"):
         paired_difference([1.0], [1.0, 0.0])
+
+
+def test_two_level_bootstrap_carries_the_spread_between_runs() -> None:
+    """Runs that disagree (a training seed that collapsed) widen the interval; the pooled bootstrap
+    takes the runs as fixed and stays narrow. Runs that agree give about the pooled width."""
+    from reasonrl.evaluation.scores import bootstrap_ci, two_level_bootstrap_ci
+
+    problems = 48
+    disagree = [[float(p % 10 < k) for p in range(problems)] for k in (1, 2, 6)]  # 10%, 20%, 60% of the problems
+    lo, hi = two_level_bootstrap_ci(disagree, seed=0)
+    plo, phi = bootstrap_ci([x for r in disagree for x in r], seed=0)
+    assert lo < plo and hi > phi and (hi - lo) > 2 * (phi - plo)
+    assert lo <= 0.1 + 0.05 and hi >= 0.6 - 0.05  # about the lowest and highest run's means
+    agree = [[float((p + s) % 3 == 0) for p in range(problems)] for s in range(3)]  # each run a third
+    lo, hi = two_level_bootstrap_ci(agree, seed=0)
+    plo, phi = bootstrap_ci([x for r in agree for x in r], seed=0)
+    assert lo < 1 / 3 < hi and (hi - lo) < 1.5 * (phi - plo)
+    # one run: the bootstrap over its problems (the same statistic, another random stream)
+    one = [[float(p % 4 == 0) for p in range(problems)]]
+    assert two_level_bootstrap_ci(one, seed=0) == two_level_bootstrap_ci(one, seed=0)  # deterministic
+    lo1, hi1 = two_level_bootstrap_ci(one, n_boot=4000, seed=0)
+    blo, bhi = bootstrap_ci(one[0], n_boot=4000, seed=0)
+    assert abs(lo1 - blo) <= 0.05 and abs(hi1 - bhi) <= 0.05
+    assert two_level_bootstrap_ci([[0.5, 0.5], [0.5]]) == (0.5, 0.5)  # runs may hold different problem counts
+    with pytest.raises(ValueError):
+        two_level_bootstrap_ci([[1.0], []])
+    with pytest.raises(ValueError):
+        two_level_bootstrap_ci([])

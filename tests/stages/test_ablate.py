@@ -243,11 +243,13 @@ def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tm
         assert row["seeds_finished"] == [0, 1] and row["metric"] == "avg@2"
         for k in ("final", "best", "auc"):
             assert 0 <= row[k]["ci"][0] <= row[k]["value"] <= row[k]["ci"][1] <= 1 and len(row[k]["per_seed"]) == 2
+            assert 0 <= row[k]["ci_problems"][0] <= row[k]["value"] <= row[k]["ci_problems"][1] <= 1
         assert row["best"]["value"] >= row["final"]["value"] and row["entropy_final"] > 0 and row["step_s"] > 0
         assert row["peak_rss_gib"] > 0.1 and row["checkpoint_mib"] > 0  # (the runs' own measurement and their last checkpoint)
     d = clip["vs_previous"]["final"]
     assert clip["vs_previous"]["rung"] == "grpo" and d["problems"] == 2 * 4 and d["seeds"] == [0, 1]
     assert d["value"] == pytest.approx(clip["final"]["value"] - grpo["final"]["value"]) and d["ci"][0] <= d["value"] <= d["ci"][1]
+    assert d["ci_problems"][0] <= d["value"] <= d["ci_problems"][1] and len(d["per_seed"]) == 2
     assert "vs_previous" not in grpo
     assert "clip-higher" in again.stdout and "Δ final" in again.stdout and "peak GiB" in again.stdout
 
