@@ -5,7 +5,7 @@ memory bandwidth, and from them the least time each phase of the step can take.
     .venv/bin/python bench/limits.py --run runs/train      # a finished run: its shapes, each phase's time and share of its bound
     .venv/bin/python bench/limits.py --model /tmp/tiny --seconds 0.02   # smoke
 
-GEMMs are timed in fp32 and bf16 (``--dtype auto`` is bf16 where the CPU has AVX512-BF16 / AMX,
+GEMMs are timed in fp32, and in bf16 where the CPU computes it natively (``--dtype auto`` is bf16 where the CPU has AVX512-BF16 / AMX,
 ``reasonrl.devices``) at each phase's rows: decode = the sequences decoded together (prompts × G),
 prefill = a step's distinct prompt tokens, forward (old log-probs) and train (the forward's
 products and the backward's two per linear) = a micro-batch's tokens; for each linear of the
@@ -104,7 +104,9 @@ def main() -> None:
           f"{c0.gen_tokens / c0.gen_rows:.1f} response tokens per row, {c0.decode_steps} decode steps, micro-batch {micro} rows "
           f"({train_rows_tokens} tokens), step dtype {dtype}")
 
-    thr = measure(shape, rows, ["fp32", "bf16"], a.seconds)
+    # bf16 only where the CPU computes it (without AVX512-BF16 / AMX one bf16 GEMM of a step's
+    # LM head takes minutes: emulated), and always the step's own dtype.
+    thr = measure(shape, rows, list(dict.fromkeys(["fp32", *(["bf16"] if hardware_bf16() else []), dtype])), a.seconds)
     names = [*shape.linears(), "all"]
     print(f"\nGEMM throughput, GFLOP/s\n{'kind':8s} {'rows':>6s} {'dtype':5s} " + " ".join(f"{n:>8s}" for n in names))
     for dt, kinds in thr.items():
