@@ -3,6 +3,7 @@
     pip install -e ".[bench]"                                  # TRL 1.16.0, for this script only
     .venv/bin/python bench/vs_trl.py                           # the fewshot and math regimes, TRL + reasonrl (vllm, hf), 2 rounds x 3 steps
     .venv/bin/python bench/vs_trl.py --regimes long --frameworks trl,vllm --dtype bf16 --results bench/results   # + bench/results/long.json
+    .venv/bin/python bench/vs_trl.py --table bench/results                 # their table, as docs/performance.md shows it
     .venv/bin/python bench/vs_trl.py --model /tmp/tiny --prompts 2 --group-size 2 --max-response-len 8 --rounds 1 --steps 2   # smoke
 
 Same model, prompts (a prepared data directory, taken in reasonrl's data order by both), G, L_max,
@@ -212,6 +213,31 @@ def write_results(out: Path, regime: H.Regime, a: argparse.Namespace, row: dict[
     print(f"wrote {out / f'{regime.name}.json'}")
 
 
+#: The regimes in the table's order (``--table``): the main job's, decode-heavy, long responses.
+TABLE_ORDER = ("fewshot", "math", "long")
+
+
+def results_table(folder: Path) -> str:
+    """The markdown table of every ``<regime>.json`` in ``folder`` (``--results``' output), as
+    docs/performance.md shows it (tests/test_docs.py checks that it does)."""
+    docs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    docs.sort(key=lambda d: (TABLE_ORDER.index(d["regime"]) if d["regime"] in TABLE_ORDER else len(TABLE_ORDER), d["regime"]))
+
+    def pct(x: float | None) -> str:
+        return "–" if x is None else f"{x:.0%}"
+
+    out = ["| regime | L_max; response tokens mean / p90 / max | TRL `GRPOTrainer` s/step | reasonrl s/step | reasonrl × TRL "
+           "| share of bound: step / generate / update | machine, dtype, date |", "|---|---|---|---|---|---|---|"]
+    for d in docs:
+        q = d.get("lengths") or {}
+        lens = f"{d['max_response_len']}; {q['mean']:.0f} / {q['p90']:.0f} / {q['max']:.0f}" if q else f"{d['max_response_len']}"
+        trl = "–" if d["trl_s_per_step"] is None else f"{d['trl_s_per_step']:.1f}"
+        ratio = "–" if d["ratio"] is None else f"**{d['ratio']:.2f}×**"
+        out.append(f"| {d['regime']} | {lens} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
+                   f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {d['cpu']}, {d['dtype']}, {d['date']} |")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--trl-worker", metavar="SPEC", help=argparse.SUPPRESS)
@@ -236,9 +262,12 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
     ap.add_argument("--fresh", action="store_true", help="rerun every run, even those an earlier invocation finished (see above)")
     ap.add_argument("--results", default=None, help="also write DIR/<regime>.json (bench/results/: TRL vs reasonrl --engine vllm, and the bound shares of bench/limits.py)")
+    ap.add_argument("--table", metavar="DIR", default=None, help="print the markdown table of DIR/<regime>.json (bench/results/) and exit")
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(a.trl_worker)
+    if a.table:
+        return print(results_table(Path(a.table)))
     if not 0 <= a.warmup < a.steps:
         ap.error("--warmup must be below --steps: at least one step is timed")
     from reasonrl.models import resolve_model

@@ -164,3 +164,15 @@ def test_documented_command_parses(where: str, args: list[str]) -> None:
     if train:
         result = run_cli("train", "--help", *train)
         assert result.exit_code == 0 and "No such" not in result.output, f"{where}\n{result.output}"
+
+
+def test_the_performance_table_is_the_committed_results() -> None:
+    """docs/performance.md's step-against-TRL table is `bench/vs_trl.py --table bench/results`: the
+    figures shown are the committed JSONs', every regime measured is shown."""
+    import subprocess
+    import sys
+
+    table = subprocess.run([sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--table", str(ROOT / "bench" / "results")],
+                           capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert len(table.splitlines()) > 2, "bench/results/ holds no <regime>.json"
+    assert table in (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
