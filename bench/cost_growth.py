@@ -9,6 +9,11 @@ one update per step, the loss of bench/vs_trl.py (--algo grpo --loss-agg token-m
 0.28: no dynamic sampling, so every step does the same work); engine and dtype are reasonrl's
 defaults unless given. The table gives the mean over the timed steps of each phase's seconds
 (``perf/…_s``) and share of the step, and the step's share of its bound (``perf/step_bound_frac``).
+Then the cost per token as L_max grows, per G: generation's ms per generated token and the update's
+ms per trained token (prompt + response tokens, ``perf/train_tokens``), each against the smallest
+L_max's at that G (the target: within ±25% from L_max 128 to 1024).
+
+    .venv/bin/python bench/cost_growth.py --regime long --lengths 128,256,512,1024 --groups 8   # the per-token target's sweep
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ def main() -> None:
             return statistics.fmean(m.get(key, 0.0) for m in lines)
 
         r = {"L": L, "G": G, "engine": cfg["engine_resolved"], "dtype": cfg["dtype_resolved"], "rows": a.prompts * G,
-             "gen_tokens": mean("rollout/gen_tokens"), "truncated": mean("rollout/truncated_frac"), "step_s": mean("perf/step_s"),
+             "gen_tokens": mean("rollout/gen_tokens"), "train_tokens": mean("perf/train_tokens"), "truncated": mean("rollout/truncated_frac"), "step_s": mean("perf/step_s"),
              "bound_frac": mean("perf/step_bound_frac"), **{p: mean(f"perf/{p}_s") for p in PHASES}}
         r["other"] = r["step_s"] - sum(r[p] for p in PHASES)
         rows.append(r)
@@ -73,6 +78,14 @@ def main() -> None:
     for r in rows:
         print(f"{r['L']:5d} {r['G']:3d} {r['rows']:4d} {r['gen_tokens']:8.0f} {r['truncated']:5.0%} {r['step_s']:8.1f} "
               + " ".join(f"{r[p]:7.1f} ({r[p] / r['step_s']:4.0%})" for p in (*PHASES, "other")) + f" {r['bound_frac']:8.1%}")
+    print("\ncost per token: generation ms per generated token, update ms per trained token; x: against the smallest L_max at that G")
+    print(f"{'L':>5s} {'G':>3s} {'gen ms/tok':>10s} {'x':>6s} {'upd ms/tok':>10s} {'x':>6s}")
+    for r in rows:
+        r["gen_ms_per_token"] = 1e3 * r["generate"] / max(r["gen_tokens"], 1)
+        r["update_ms_per_token"] = 1e3 * r["update_actor"] / max(r["train_tokens"], 1)
+        first = min((x for x in rows if x["G"] == r["G"]), key=lambda x: x["L"])
+        print(f"{r['L']:5d} {r['G']:3d} {r['gen_ms_per_token']:10.2f} {r['gen_ms_per_token'] / first['gen_ms_per_token']:5.2f}x "
+              f"{r['update_ms_per_token']:10.3f} {r['update_ms_per_token'] / first['update_ms_per_token']:5.2f}x")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "points": rows}, indent=1))
 

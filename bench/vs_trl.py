@@ -206,7 +206,7 @@ def write_results(out: Path, regime: H.Regime, a: argparse.Namespace, row: dict[
            "step_bound_frac": ph.get("step", {}).get("share"), "generate_bound_frac": ph.get("generate", {}).get("share"),
            "update_bound_frac": ph.get("update_actor", {}).get("share"), "cpu": shares["cpu"], "dtype": a.dtype,
            "date": datetime.date.today().isoformat(), "prompts": a.prompts or regime.prompts, "group_size": a.group_size or regime.group_size,
-           "max_response_len": a.max_response_len or regime.max_response_len, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+           "max_response_len": a.max_response_len or regime.max_response_len, "micro_batch_size": a.micro_batch_size, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
            "lengths": rr.get("lengths"), "frameworks": row, "phases": ph}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{regime.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -226,14 +226,15 @@ def results_table(folder: Path) -> str:
     def pct(x: float | None) -> str:
         return "–" if x is None else f"{x:.0%}"
 
-    out = ["| regime | L_max; response tokens mean / p90 / max | TRL `GRPOTrainer` s/step | reasonrl s/step | reasonrl × TRL "
-           "| share of bound: step / generate / update | machine, dtype, date |", "|---|---|---|---|---|---|---|"]
+    out = ["| regime | L_max; response tokens mean / p90 / max | micro-batch; rounds × timed steps | TRL `GRPOTrainer` s/step "
+           "| reasonrl s/step | reasonrl × TRL | share of bound: step / generate / update | machine, dtype, date |", "|---|---|---|---|---|---|---|---|"]
     for d in docs:
         q = d.get("lengths") or {}
         lens = f"{d['max_response_len']}; {q['mean']:.0f} / {q['p90']:.0f} / {q['max']:.0f}" if q else f"{d['max_response_len']}"
         trl = "–" if d["trl_s_per_step"] is None else f"{d['trl_s_per_step']:.1f}"
         ratio = "–" if d["ratio"] is None else f"**{d['ratio']:.2f}×**"
-        out.append(f"| {d['regime']} | {lens} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
+        runs = f"{d.get('micro_batch_size', '?')}; {d['rounds']} × {d['steps'] - d['warmup']}"
+        out.append(f"| {d['regime']} | {lens} | {runs} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
                    f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {d['cpu']}, {d['dtype']}, {d['date']} |")
     return "\n".join(out)
 
