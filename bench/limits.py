@@ -5,11 +5,11 @@ memory bandwidth, and from them the least time each phase of the step can take.
     .venv/bin/python bench/limits.py --run runs/train      # a finished run: its shapes, each phase's time and share of its bound
     .venv/bin/python bench/limits.py --model /tmp/tiny --seconds 0.02   # smoke
 
-GEMMs are timed in fp32, and in bf16 where the CPU computes it natively (``--dtype auto`` is bf16 where the CPU has AVX512-BF16 / AMX,
-``reasonrl.devices``) at each phase's rows: decode = the sequences decoded together (prompts × G),
-prefill = a step's distinct prompt tokens, forward (old log-probs) and train (the forward's
-products and the backward's two per linear) = a micro-batch's tokens; for each linear of the
-model (qkv, o, gate_up, down fused as engines fuse them; lm_head). A phase's throughput is its
+GEMMs are timed in fp32, and in bf16 where the CPU computes it natively (``--dtype auto`` is bf16
+where the CPU has AVX512-BF16 / AMX, ``reasonrl.devices``), at each phase's rows: decode = the
+sequences decoded together (prompts × G), prefill = a step's distinct prompt tokens, forward (old
+log-probs) and train (the forward's products and the backward's two per linear) = a micro-batch's
+tokens; for each linear of the model (qkv, o, gate_up, down fused as engines fuse them; lm_head). A phase's throughput is its
 products' FLOPs over their summed time. Bandwidth: the larger of a 256 MiB copy and STREAM's triad.
 The bound arithmetic is ``reasonrl.perf`` (``phase_bounds``; docs/metrics.md, the perf/…_bound_frac rows, and docs/performance.md).
 """
