@@ -8,6 +8,17 @@ PY=${PYTHON:-python3}
 VENV=${REASONRL_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+stamp="$VENV/.reasonrl-install-$(sha256sum pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+# Room: the environment takes about 4.6 GB (4.0 GB in .venv, the rest Chromium), and pip stops
+# half-way with "No space left on device" below that: say so before starting.
+if [ ! -f "$stamp" ]; then
+  need_mb=$(( 5000 - $(du -sm "$VENV" | cut -f1) )); [ "$need_mb" -gt 500 ] || need_mb=500
+  free_mb=$(df -Pm "$VENV" 2>/dev/null | awk 'NR==2 {print $4}')
+  if [ -n "$free_mb" ] && [ "$free_mb" -lt "$need_mb" ]; then
+    echo "reasonrl: installing needs about $need_mb MB free on the disk of $VENV, and $free_mb MB are: free some space, or set REASONRL_VENV to a folder on a larger disk" >&2
+    exit 1
+  fi
+fi
 # Chromium (headless) opens `reasonrl report`'s report.html in the tests: Debian's package, where
 # apt-get is available (as root or with password-less sudo); otherwise that one test is skipped.
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
@@ -16,7 +27,6 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
     || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }; } \
     || echo "reasonrl: could not install chromium with apt-get; the report's browser test will be skipped" >&2
 fi
-stamp="$VENV/.reasonrl-install-$(sha256sum pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
   pip install --no-deps --no-build-isolation -e . >/dev/null
   echo "reasonrl: environment up to date ($VENV)"; exit 0
