@@ -233,7 +233,7 @@ def results_table(folder: Path) -> str:
         lens = f"{d['max_response_len']}; {q['mean']:.0f} / {q['p90']:.0f} / {q['max']:.0f}" if q else f"{d['max_response_len']}"
         trl = "–" if d["trl_s_per_step"] is None else f"{d['trl_s_per_step']:.1f}"
         ratio = "–" if d["ratio"] is None else f"**{d['ratio']:.2f}×**"
-        runs = f"{d.get('micro_batch_size', '?')}; {d['rounds']} × {d['steps'] - d['warmup']}"
+        runs = f"{d['micro_batch_size']}; {d['rounds']} × {d['steps'] - d['warmup']}"
         out.append(f"| {d['regime']} | {lens} | {runs} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
                    f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {d['cpu']}, {d['dtype']}, {d['date']} |")
     return "\n".join(out)
