@@ -16,7 +16,10 @@ Packed (shared-prefix packing): one sequence of batch 1 per micro-batch, each di
 tokens once, each followed by its rows' real response tokens, positions restarting per prompt and a
 4D attention mask (a response sees its own prompt and its own earlier tokens, nothing else), so
 every GEMM runs over the micro-batch's real tokens only; one forward call. Its cost: a dense N × N
-mask and attention over it (CPU SDPA computes masked pairs too). ``mode="auto"`` picks shared or
+mask, and attention either over all of it (CPU SDPA computes masked pairs too) or, where the model
+attends with sdpa and is not checkpointed, per segment (:mod:`reasonrl.train.segments`: each
+prompt causally, each response against its own prompt and itself, only the pairs that count) when
+that skips at least half of the N² pairs. ``mode="auto"`` picks shared or
 packed per micro-batch from token counts (:func:`forward_mode`); the trainer picks once per pass
 over a step's or a mini-batch's micro-batches, from every rank's counts (:func:`pass_mode`), so
 that ZeRO-3's ranks make the same forward calls.
@@ -24,11 +27,14 @@ that ZeRO-3's ranks make the same forward calls.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+
+from reasonrl.train.segments import KWARG, Spans, segments_in, segments_pay
 
 
 @dataclass
@@ -168,6 +174,7 @@ class Packed:
     row: torch.Tensor
     score: torch.Tensor
     target: torch.Tensor
+    spans: Spans
 
     def attention_mask(self) -> torch.Tensor:
         """(1, 1, N, N) bool, True where query i attends to key j: j ≤ i, the same prompt, and j a
@@ -199,10 +206,12 @@ def pack(batch: Batch) -> Packed:
     cols = torch.arange(P + T, device="cpu")
     flat, pos, grp, row = [], [], [], []
     score = [torch.empty(0, dtype=torch.long)] * B
+    spans = []
     n = 0
     for u, rows in enumerate(members.values()):
         r0 = rows[0]
         p = plen[r0]
+        start, responses = n, []
         flat.append(r0 * (P + T) + cols[P - p : P])
         pos.append(torch.arange(p))
         grp.append(torch.full((p,), u))
@@ -216,10 +225,14 @@ def pack(batch: Batch) -> Packed:
             grp.append(torch.full((k,), u))
             row.append(torch.full((k,), b))
             score[b] = torch.cat([torch.tensor([last]), torch.arange(n, n + k - 1)]) if k else score[b]
+            if k:
+                responses.append((n, k))
             n += k
+        spans.append((start, p, tuple(responses)))
     target = torch.cat([b * T + torch.arange(rlen[b]) for b in range(B)])
     ids = batch.input_ids.reshape(-1)[torch.cat(flat).to(dev)]
-    return Packed(ids, torch.cat(pos).to(dev), torch.cat(grp).to(dev), torch.cat(row).to(dev), torch.cat(score).to(dev), target.to(dev))
+    return Packed(ids, torch.cat(pos).to(dev), torch.cat(grp).to(dev), torch.cat(row).to(dev), torch.cat(score).to(dev), target.to(dev),
+                  Spans(tuple(spans), n))
 
 
 def _packed_outputs(model: Any, batch: Batch, *, causal_lm: bool) -> torch.Tensor:
@@ -234,10 +247,14 @@ def _packed_outputs(model: Any, batch: Batch, *, causal_lm: bool) -> torch.Tenso
     mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
     del keep
     kw = dict(input_ids=pk.input_ids[None], attention_mask=mask, position_ids=pk.position_ids[None], use_cache=False)
-    if causal_lm:
-        out = model(**kw, logits_to_keep=pk.score).logits[0]  # (M, V)
-    else:
-        out = model(**kw).logits[0, pk.score]  # (M, 1)
+    per_segment = segments_pay(pk.spans.pairs(), pk.spans.n) and not _checkpointing(model)  # (a checkpointed layer's recompute would attend densely)
+    with segments_in(_config(model)) if per_segment else contextlib.nullcontext(False) as on:
+        if on:
+            kw[KWARG] = pk.spans
+        if causal_lm:
+            out = model(**kw, logits_to_keep=pk.score).logits[0]  # (M, V)
+        else:
+            out = model(**kw).logits[0, pk.score]  # (M, 1)
     B, T = batch.response_ids.shape
     full = out.new_zeros(B * T, out.shape[-1])
     return full.index_copy(0, pk.target, out).view(B, T, -1)
@@ -277,11 +294,23 @@ class ForwardCost:
         return cls(token=2.0 * L * linear, pair=ATTENTION_SLOWDOWN * 4.0 * L * nh * hd, head=2.0 * d * (c.vocab_size if causal_lm else 1))
 
 
-def forward_costs(batch: Batch, cost: ForwardCost) -> dict[str, float]:
+def segment_pairs(batch: Batch) -> float:
+    """The query-key pairs of ``batch``'s packed sequence attended per segment (``pack(batch).spans.pairs()``,
+    from the token counts without packing): each distinct prompt's p² and each row's k (p + k)."""
+    groups = prompt_groups(batch)
+    first = groups[0] if groups is not None else torch.arange(batch.response_ids.shape[0])
+    plen = batch.attention_mask[:, : batch.prompt_len].sum(1).double()
+    k = batch.valid.sum(1).round().double()
+    return float((plen[first.to(plen.device)] ** 2).sum() + (k * (plen + k)).sum())
+
+
+def forward_costs(batch: Batch, cost: ForwardCost, *, per_segment: bool = True) -> dict[str, float]:
     """Each mode's estimated cost for ``batch`` (one micro-batch) from its token counts, in FLOPs
     (shared's × :data:`SHARED_OVERHEAD`): plain and shared pay every padded column (and attention
-    over it, masked or not: CPU SDPA skips no masked block), packed pays the real tokens only but
-    a dense N × N attention (infinite above :data:`PACKED_MAX_TOKENS`)."""
+    over it, masked or not: CPU SDPA skips no masked block), packed pays the real tokens only and
+    a dense N × N attention, or, with ``per_segment`` (the model is not checkpointed) where
+    :func:`reasonrl.train.segments.segments_pay`, each segment's pairs only (infinite above
+    :data:`PACKED_MAX_TOKENS`, for the dense mask it still makes)."""
     B, T = batch.response_ids.shape
     P = max(batch.prompt_len, 2)
     groups = prompt_groups(batch)
@@ -291,10 +320,13 @@ def forward_costs(batch: Batch, cost: ForwardCost) -> dict[str, float]:
     M = float(batch.valid.sum())
     N = float(plen[first.to(plen.device)].sum()) + M
     shared = cost.token * (U * (P - 1) + B * T) + cost.pair * (U * (P - 1) ** 2 + B * T * (P - 1 + T)) + cost.head * (U + B * T)
+    pairs = segment_pairs(batch)
+    if not (per_segment and segments_pay(pairs, N)):
+        pairs = N * N
     return {
         "plain": cost.token * B * (P + T) + cost.pair * B * (P + T) ** 2 + cost.head * B * (T + 1),
         "shared": SHARED_OVERHEAD * shared,
-        "packed": cost.token * N + cost.pair * N * N + cost.head * M if N <= PACKED_MAX_TOKENS else math.inf,
+        "packed": cost.token * N + cost.pair * pairs + cost.head * M if N <= PACKED_MAX_TOKENS else math.inf,
     }
 
 
@@ -313,7 +345,7 @@ def forward_mode(batch: Batch, cost: ForwardCost, *, shared: bool = True) -> str
     ZeRO-3: packed makes one forward call per micro-batch, shared two, and every rank must make
     the same calls. Per micro-batch this choice is local: the trainer uses :func:`pass_mode`,
     which decides a whole pass on every rank's counts summed."""
-    return cheapest(forward_costs(batch, cost), shared=shared)
+    return cheapest(forward_costs(batch, cost, per_segment=shared), shared=shared)
 
 
 def pass_mode(mode: str, model: Any, batches: Iterable[Batch], *, causal_lm: bool,
@@ -328,8 +360,9 @@ def pass_mode(mode: str, model: Any, batches: Iterable[Batch], *, causal_lm: boo
     cost = ForwardCost.of(_config(model), causal_lm=causal_lm)
     keys = ("plain", "shared", "packed")
     sums = torch.zeros(len(keys), dtype=torch.float64)
+    per_segment = not _checkpointing(model)
     for b in batches:
-        c = forward_costs(b, cost)
+        c = forward_costs(b, cost, per_segment=per_segment)
         sums += torch.tensor([c[k] for k in keys], dtype=torch.float64)
     if total is not None:
         sums = total(sums)

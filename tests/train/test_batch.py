@@ -197,8 +197,10 @@ def test_packed_under_gradient_checkpointing(tiny_model) -> None:
 
 
 def test_forward_mode_follows_the_padding() -> None:
-    """Packed where padding dominates (one long row among short ones, little attention), shared
-    where every row is full length and the attention over one long packed sequence costs more."""
+    """Packed where padding dominates (one long row among short ones, little attention); where
+    every row is full length, packed with per-segment attention (each response against its own
+    prompt: the shared mode's pairs, without its second call), shared against the dense N × N
+    attention over one long packed sequence (gradient checkpointing: plain or packed)."""
     from reasonrl.train.batch import PACKED_MAX_TOKENS, ForwardCost, cheapest, forward_costs, forward_mode
 
     gemm_heavy = ForwardCost(token=1e9, pair=1e3, head=1e7)
@@ -206,7 +208,9 @@ def test_forward_mode_follows_the_padding() -> None:
     tail = build_batch([[5] * 50] * 8, [[7] * 500] + [[7] * 10] * 7, pad_id=0)
     full = build_batch([[5] * 50] * 8, [[7] * 500] * 8, pad_id=0)
     assert forward_mode(tail, gemm_heavy) == "packed"
-    assert forward_mode(full, attn_heavy) == "shared"
+    assert forward_mode(full, attn_heavy) == "packed"
+    dense = forward_costs(full, attn_heavy, per_segment=False)
+    assert dense["shared"] < dense["packed"] and forward_costs(full, attn_heavy)["packed"] < dense["shared"]
     assert forward_mode(full, attn_heavy, shared=False) in ("plain", "packed")
     c = forward_costs(tail, gemm_heavy)
     assert c["packed"] < min(c["shared"], c["plain"])
@@ -221,11 +225,11 @@ def test_pass_mode_decides_on_every_rank_s_counts(policy) -> None:
     """``auto`` over a pass: the costs summed over its micro-batches and, through ``total`` (the
     ranks' all-reduce), over every rank's, so ranks whose own counts would pick differently
     agree; plain stands in for shared under gradient checkpointing."""
-    from reasonrl.train.batch import ForwardCost, cheapest, forward_costs, pass_mode
+    from reasonrl.train.batch import PACKED_MAX_TOKENS, ForwardCost, cheapest, forward_costs, pass_mode
 
     cost = ForwardCost.of(policy.config)
     tail = build_batch([[5] * 8] * 6, [[7] * 40] + [[7] * 2] * 5, pad_id=0)  # padding dominates: packed
-    full = build_batch([[5] * 4] * 8, [[7] * 100] * 8, pad_id=0)  # no padding, one long packed sequence of attention: shared
+    full = build_batch([[5] * 4] * 2, [[7] * (PACKED_MAX_TOKENS // 2)] * 2, pad_id=0)  # too long for packed's dense mask: shared
     assert forward_costs(tail, cost)["packed"] < forward_costs(tail, cost)["shared"]
     assert forward_costs(full, cost)["shared"] < forward_costs(full, cost)["packed"]
     keys = ("plain", "shared", "packed")
