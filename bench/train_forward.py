@@ -3,6 +3,8 @@
     .venv/bin/python bench/train_forward.py            # the main job's shape: 4 prompts x 6 samples, 12-row micro-batches
     .venv/bin/python bench/train_forward.py --shape long --prompts 8 --modes shared,packed
     .venv/bin/python bench/train_forward.py --dtypes fp32,bf16 --rounds 2
+    .venv/bin/python bench/train_forward.py --modes packed --dtypes bf16,bf16w --rounds 3   # autocast vs a bf16 weight copy (bf16 CPUs)
+    .venv/bin/python bench/train_forward.py --shape long --prompts 8 --modes packed-dense,packed   # per-segment attention
 
 Shapes: ``main`` is the main job's (bundled addition problems in the few-shot template, SmolLM2's
 chat format, ``--group`` samples per prompt, response lengths uniform in [L/2, L] for
@@ -20,12 +22,14 @@ under ``torch.autocast`` as the trainer does (``reasonrl.devices.autocast_ctx``)
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,8 +61,10 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=None, help="samples per prompt (the shape's by default)")
     ap.add_argument("--response-len", type=int, default=None, help="L_max (the shape's by default)")
     ap.add_argument("--rows", type=int, default=None, help="rows per micro-batch (the shape's by default)")
-    ap.add_argument("--modes", default="plain,shared,packed", help="comma-separated; the first is the reference")
-    ap.add_argument("--dtypes", default="fp32", help="fp32, bf16 or both (bf16: autocast, as the trainer)")
+    ap.add_argument("--modes", default="plain,shared,packed", help="comma-separated; the first is the reference (packed-dense: packed "
+                    "with the dense N x N attention everywhere, as before per-segment attention)")
+    ap.add_argument("--dtypes", default="fp32", help="comma list of fp32, bf16 (autocast over fp32 weights, as the trainer), "
+                    "bf16w (a bf16 copy of the weights, no autocast: what a bf16 weight copy would save in casts)")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     sh = SHAPES[args.shape]
@@ -72,7 +78,8 @@ def main() -> None:
     from reasonrl.devices import autocast_ctx
     from reasonrl.models import load_tokenizer, resolve_model
     from reasonrl.models.loading import load_causal_lm
-    from reasonrl.train.batch import ForwardCost, build_batch, cheapest, forward_costs, response_logits
+    from reasonrl.train import segments
+    from reasonrl.train.batch import ForwardCost, build_batch, cheapest, forward_costs, pack, response_logits
 
     model_dir = resolve_model(args.model)
     tok = load_tokenizer(model_dir)
@@ -103,20 +110,41 @@ def main() -> None:
     print(f"  tokens: {real} response tokens, {padded} padded columns | predicted GFLOP (forward) "
           + ", ".join(f"{m} {v / 1e9:.0f}" for m, v in pred.items())
           + f" | auto picks {'/'.join(cheapest(forward_costs(mb, cost)) for mb in mbs)} (per micro-batch), {cheapest(pred)} (summed)")
+    spans = [pack(mb).spans for mb in mbs]
+    print(f"  packed attention: per segment {sum(s.pairs() for s in spans) / sum(s.n * s.n for s in spans):.2f} of the dense N x N pairs; "
+          f"per segment in {sum(segments.segments_pay(s.pairs(), s.n) for s in spans)} of {len(spans)} micro-batches")
+
+    copies: dict[str, Any] = {}
+
+    def net(dtype: str) -> Any:
+        """The model a dtype runs: bf16w is a bf16 copy of the weights (no autocast, no per-call casts)."""
+        if dtype != "bf16w":
+            return model
+        if dtype not in copies:
+            copies[dtype] = copy.deepcopy(model).to(torch.bfloat16)
+        return copies[dtype]
 
     def step(mode: str, dtype: str) -> tuple[float, torch.Tensor, dict[str, torch.Tensor]]:
-        model.zero_grad(set_to_none=True)
+        m = net(dtype)
+        m.zero_grad(set_to_none=True)
+        below = segments.SEGMENTS_BELOW
+        if mode == "packed-dense":  # the packed forward with its dense N x N attention only
+            mode, segments.SEGMENTS_BELOW = "packed", -1.0
         t0 = time.perf_counter()
         lps = []
-        for mb in mbs:
-            with autocast_ctx(dtype):
-                logp = logprobs_from_logits(response_logits(model, mb, mode=mode), mb.response_ids) * mb.valid
-            logp.sum().backward()
-            lps.append(logp.detach().float())
+        try:
+            for mb in mbs:
+                with autocast_ctx("fp32" if dtype == "bf16w" else dtype):
+                    logp = logprobs_from_logits(response_logits(m, mb, mode=mode), mb.response_ids) * mb.valid
+                logp.sum().backward()
+                lps.append(logp.detach().float())
+        finally:
+            segments.SEGMENTS_BELOW = below
         dt = time.perf_counter() - t0
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.float() for n, p in m.named_parameters() if p.grad is not None}
         return dt, torch.cat([x.flatten() for x in lps]), grads
 
+    by_dtype: dict[str, tuple[float, dict[str, torch.Tensor]]] = {}
     for dtype in args.dtypes.split(",") if args.rounds > 0 else []:
         best: dict[str, float] = {}
         last: dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
@@ -133,6 +161,12 @@ def main() -> None:
             g_diff = max(float((last[m][1][n] - last[ref][1][n]).abs().max() / (last[ref][1][n].abs().max() + 1e-12)) for n in last[ref][1])
             line.append(f"{m} {best[ref] / best[m]:.2f}x {ref} (max |logprob diff| {lp_diff:.1e}, max relative grad diff {g_diff:.1e})")
         print(" | ".join(line), flush=True)
+        by_dtype[dtype] = (best[modes[0]], last[modes[0]][1])
+    if len(by_dtype) > 1:  # the first mode across dtypes: time and gradients against the first dtype
+        (ref, (t_ref, g_ref)), *rest = by_dtype.items()
+        for dtype, (t, g) in rest:
+            diff = max(float((g[n] - g_ref[n]).abs().max() / (g_ref[n].abs().max() + 1e-12)) for n in g_ref)
+            print(f"{modes[0]}: {dtype} {t_ref / t:.2f}x {ref} (max relative grad diff {diff:.1e})", flush=True)
 
 
 if __name__ == "__main__":
