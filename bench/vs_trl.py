@@ -204,7 +204,7 @@ def write_results(out: Path, regime: H.Regime, a: argparse.Namespace, row: dict[
     doc = {"regime": regime.name, "trl_s_per_step": trl["s_median"] if trl else None, "reasonrl_s_per_step": rr["s_median"],
            "ratio": trl["s_median"] / rr["s_median"] if trl else None,
            "step_bound_frac": ph.get("step", {}).get("share"), "generate_bound_frac": ph.get("generate", {}).get("share"),
-           "update_bound_frac": ph.get("update_actor", {}).get("share"), "cpu": shares["cpu"], "dtype": a.dtype,
+           "update_bound_frac": ph.get("update_actor", {}).get("share"), "cpu": shares["cpu"], "cpu_flags": H.cpu_key()["flags"], "dtype": a.dtype,
            "date": datetime.date.today().isoformat(), "prompts": a.prompts or regime.prompts, "group_size": a.group_size or regime.group_size,
            "max_response_len": a.max_response_len or regime.max_response_len, "micro_batch_size": a.micro_batch_size, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
            "lengths": rr.get("lengths"), "frameworks": row, "phases": ph}
@@ -226,6 +226,11 @@ def results_table(folder: Path) -> str:
     def pct(x: float | None) -> str:
         return "–" if x is None else f"{x:.0%}"
 
+    def machine(d: dict) -> str:  # one CPU model name covers several makes: the bf16 / AVX-512 flags tell them apart
+        f = d["cpu_flags"]
+        kind = "AMX-BF16" if "amx_bf16" in f else "AVX512-BF16" if "avx512_bf16" in f else "AVX-512, no bf16" if f else "no AVX-512"
+        return f"{d['cpu']} ({kind})"
+
     out = ["| regime | L_max; response tokens mean / p90 / max | micro-batch; rounds × timed steps | TRL `GRPOTrainer` s/step "
            "| reasonrl s/step | reasonrl × TRL | share of bound: step / generate / update | machine, dtype, date |", "|---|---|---|---|---|---|---|---|"]
     for d in docs:
@@ -235,7 +240,7 @@ def results_table(folder: Path) -> str:
         ratio = "–" if d["ratio"] is None else f"**{d['ratio']:.2f}×**"
         runs = f"{d['micro_batch_size']}; {d['rounds']} × {d['steps'] - d['warmup']}"
         out.append(f"| {d['regime']} | {lens} | {runs} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
-                   f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {d['cpu']}, {d['dtype']}, {d['date']} |")
+                   f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {machine(d)}, {d['dtype']}, {d['date']} |")
     return "\n".join(out)
 
 
