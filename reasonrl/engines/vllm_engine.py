@@ -69,6 +69,7 @@ import logging
 import functools
 import os
 import re
+import secrets
 import time
 import weakref
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -135,6 +136,7 @@ class VLLMEngine:
         self.sleep_mode = enable_sleep_mode
         self._asleep: set[str] = set()  # what sleeps now: "weights", "kv_cache"
         self._group: Any = None  # the gloo group of this rank's engine (tensor parallel inside a torchrun job)
+        self._shm_token: str | None = None  # the group's name for its CPU shared memory (tensor parallel inside a torchrun job)
         self._calls = 0
         kw = self._llm_options(on_gpu=on_gpu, enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
                                kv_cache_gib=kv_cache_gib, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -244,7 +246,8 @@ class VLLMEngine:
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if on_gpu else None
         try:
-            return self._vllm.LLM(**kw)
+            with _job_shm_names(self._shm_token):
+                return self._vllm.LLM(**kw)
         except Exception as e:  # noqa: BLE001 - any construction failure is reported with the fix
             raise ReasonRLError(f"vLLM could not load {self.model_dir} ({error_line(e)}): use --engine hf, or fix the vLLM setup") from e
         finally:
@@ -263,9 +266,10 @@ class VLLMEngine:
                                 "an engine's ranks are consecutive ranks of one node; change --engine-tp or --nproc_per_node")
         groups = [dist.new_group(list(range(g, g + tp)), backend="gloo") for g in range(0, world, tp)]
         self._group, self._group_rank = groups[rank // tp], rank % tp
-        seeds: list[Any] = [None] * tp
-        dist.all_gather_object(seeds, self.seed, group=self._group)
-        return int(seeds[0])
+        mine: list[Any] = [None] * tp
+        dist.all_gather_object(mine, (self.seed, secrets.token_hex(4)), group=self._group)
+        seed, self._shm_token = mine[0]  # the group's first rank's
+        return int(seed)
 
     # ------------------------------------------------------------------ generation
     def _sampling(self, p: SamplingParams, seed: int | None) -> Any:
@@ -554,6 +558,33 @@ def _keep_parallel_state(enabled: bool) -> Iterator[None]:
         yield
     finally:
         core.cleanup_dist_env_and_memory = orig
+
+
+@contextlib.contextmanager
+def _job_shm_names(token: str | None) -> Iterator[None]:
+    """While active (``token`` given), vLLM's CPU tensor-parallel workers put ``token`` in the names
+    of the shared-memory segments they all-reduce through.
+
+    vLLM 0.32 names them from the distributed init method, which under ``external_launcher`` is
+    always ``env://``, so every torchrun job of a machine uses the same names
+    (``/dev/shm/-tp:0-[0-1]-cpushm_0``, ...): a second job at the same time fails to create them
+    (errno 17, EEXIST), and a job that died (SIGKILL, abort) leaves them behind, which then refuses
+    every later job on the machine ("create shm in SHMManager failed"). A token drawn per engine
+    group gives each job its own; a dead job's segments are then only left over, not in the way.
+    (The ``//`` of ``env://`` goes: a shared-memory name holds no slash but a leading one.)"""
+    try:
+        if token is None:
+            raise ImportError
+        from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+    except ImportError:  # no token, or a vLLM without this CPU communicator: nothing to rename
+        yield
+        return
+    orig = _CPUSHMDistributed.__dict__["make_group_name"]
+    _CPUSHMDistributed.make_group_name = staticmethod(lambda communicator: f"reasonrl-{token}{orig.__func__(communicator).replace('/', '')}")
+    try:
+        yield
+    finally:
+        _CPUSHMDistributed.make_group_name = orig
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 
 * 2 ranks forming one TP-2 engine, each bringing its own prompts (unequal shares, then one rank with
   none), generate the same seeded tokens as one process with TP 1 generating all the prompts; after
-  the same weight update both give the same greedy tokens (each TP rank loaded its slice).
+  the same weight update both give the same greedy tokens (each TP rank loaded its slice); segments
+  that a dead TP job left in /dev/shm under vLLM's own names are not in its way (its own carry a token).
 * ``train --engine vllm --engine-tp 2 --backend deepspeed --zero 3`` on 2 ranks completes: the sync
   gathers the ZeRO-3 shards on every rank and each TP rank loads its slice.
 """
@@ -43,6 +44,7 @@ SCRIPT = textwrap.dedent(
     from reasonrl.models import load_causal_lm
 
     eng = VLLMEngine(MODEL, dtype="fp32", seed=rank, max_model_len=256, tensor_parallel_size=world)
+    shm = sorted(n for n in os.listdir("/dev/shm") if "cpushm" in n) if os.path.isdir("/dev/shm") else []
     share = lambda k: [prompts[:k], prompts[k:]][rank] if world > 1 else prompts  # rank 0 takes the first k
     toks = lambda out: [[c.token_ids for c in g] for g in out]
     res = {"sampled": toks(eng.generate(share(1), SamplingParams(n=2, temperature=1.0, top_p=0.9, max_tokens=12, seed=7)))}
@@ -51,6 +53,7 @@ SCRIPT = textwrap.dedent(
     eng.update_weights({k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in load_causal_lm(MODEL).state_dict().items()})
     res["after_update"] = toks(eng.generate(share(2), SamplingParams(temperature=0, max_tokens=8)))
     eng.close()
+    res["shm"] = shm
     parts = [None] * world
     if world > 1:
         dist.all_gather_object(parts, res)
@@ -89,13 +92,26 @@ def test_tp2_group_generates_like_one_process(tiny_model: Path, tmp_path: Path) 
     script = tmp_path / "tp.py"
     script.write_text(SCRIPT)
     _run([sys.executable, str(script), str(tiny_model), str(tmp_path / "one.json")])
-    _run(_torchrun(2) + [str(script), str(tiny_model), str(tmp_path / "tp2.json")])
+    # What a TP-2 job that died leaves in /dev/shm under vLLM's own names (the same for every torchrun
+    # job of a machine): its segments must not be in this job's way (reasonrl names them per job).
+    stale = [Path(f"/dev/shm/-tp:0-[0-1]-cpushm_{r}") for r in range(2)] if Path("/dev/shm").is_dir() else []
+    planted = [p for p in stale if not p.exists()]
+    try:
+        for p in planted:
+            p.write_bytes(b"\0" * 4096)
+        _run(_torchrun(2) + [str(script), str(tiny_model), str(tmp_path / "tp2.json")])
+    finally:
+        for p in planted:
+            p.unlink(missing_ok=True)
     (one,), (r0, r1) = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "tp2.json").read_text())
     assert len(one["sampled"]) == 4 and all(len(g) == 2 and g[0] != g[1] for g in one["sampled"])  # seeded sampling, 2 distinct samples
     assert r0["sampled"] + r1["sampled"] == one["sampled"]  # rank 0 kept its 1 prompt, rank 1 its 3: the union, as one process
     assert r0["rank0_empty"] == [] and r1["rank0_empty"] == one["rank0_empty"]
     assert r0["after_update"] + r1["after_update"] == one["after_update"]
     assert any(a[0][:6] != b[0] for a, b in zip(one["after_update"], one["rank0_empty"]))  # the update changed the greedy tokens
+    if stale:  # the TP group all-reduced through shared memory of its own, one segment per rank under one job token
+        ours = [n for n in r0["shm"] if n.startswith("reasonrl-")]
+        assert len(ours) == 2 and ours == [n for n in r1["shm"] if n.startswith("reasonrl-")] and ours[0][:-2] == ours[1][:-2], r0["shm"]
 
 
 def test_train_with_engine_tp2_under_zero3(format_model: Path, toy_data_file: Path, tmp_path: Path) -> None:
