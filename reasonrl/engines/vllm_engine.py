@@ -573,10 +573,10 @@ def _job_shm_names(token: str | None) -> Iterator[None]:
     group gives each job its own; a dead job's segments are then only left over, not in the way.
     (The ``//`` of ``env://`` goes: a shared-memory name holds no slash but a leading one.)"""
     try:
-        if token is None:
-            raise ImportError
         from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
-    except ImportError:  # no token, or a vLLM without this CPU communicator: nothing to rename
+    except ImportError:  # a vLLM without this CPU communicator: nothing to rename
+        _CPUSHMDistributed = None
+    if token is None or _CPUSHMDistributed is None:
         yield
         return
     orig = _CPUSHMDistributed.__dict__["make_group_name"]
