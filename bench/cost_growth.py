@@ -83,7 +83,9 @@ def main() -> None:
     for r in rows:
         r["gen_ms_per_token"] = 1e3 * r["generate"] / max(r["gen_tokens"], 1)
         r["update_ms_per_token"] = 1e3 * r["update_actor"] / max(r["train_tokens"], 1)
-        first = min((x for x in rows if x["G"] == r["G"]), key=lambda x: x["L"])
+    smallest = {r["G"]: r for r in sorted(rows, key=lambda x: -x["L"])}  # per G, its smallest L_max's row
+    for r in rows:
+        first = smallest[r["G"]]
         print(f"{r['L']:5d} {r['G']:3d} {r['gen_ms_per_token']:10.2f} {r['gen_ms_per_token'] / first['gen_ms_per_token']:5.2f}x "
               f"{r['update_ms_per_token']:10.3f} {r['update_ms_per_token'] / first['update_ms_per_token']:5.2f}x")
     if a.json:

@@ -299,8 +299,12 @@ def segment_pairs(batch: Batch) -> float:
     from the token counts without packing): each distinct prompt's p² and each row's k (p + k)."""
     groups = prompt_groups(batch)
     first = groups[0] if groups is not None else torch.arange(batch.response_ids.shape[0])
-    plen = batch.attention_mask[:, : batch.prompt_len].sum(1).double()
-    k = batch.valid.sum(1).round().double()
+    return _segment_pairs(batch, batch.attention_mask[:, : batch.prompt_len].sum(1), first)
+
+
+def _segment_pairs(batch: Batch, plen: torch.Tensor, first: torch.Tensor) -> float:
+    """:func:`segment_pairs` from each row's prompt length and each distinct prompt's first row."""
+    plen, k = plen.double(), batch.valid.sum(1).round().double()
     return float((plen[first.to(plen.device)] ** 2).sum() + (k * (plen + k)).sum())
 
 
@@ -320,7 +324,7 @@ def forward_costs(batch: Batch, cost: ForwardCost, *, per_segment: bool = True) 
     M = float(batch.valid.sum())
     N = float(plen[first.to(plen.device)].sum()) + M
     shared = cost.token * (U * (P - 1) + B * T) + cost.pair * (U * (P - 1) ** 2 + B * T * (P - 1 + T)) + cost.head * (U + B * T)
-    pairs = segment_pairs(batch)
+    pairs = _segment_pairs(batch, plen, first)
     if not (per_segment and segments_pay(pairs, N)):
         pairs = N * N
     return {

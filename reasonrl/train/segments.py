@@ -75,9 +75,7 @@ def segment_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     response b of u: its k_b queries against the keys [prompt u ; response b] under
     :meth:`Spans.response_mask`. Gradients reach every segment's queries, keys and values (the
     prompt's keys and values from each of its responses too)."""
-    H, Hkv = query.shape[1], key.shape[1]
-    if H != Hkv:
-        key, value = key.repeat_interleave(H // Hkv, dim=1), value.repeat_interleave(H // Hkv, dim=1)
+    key, value = _per_query_head(key, value, query.shape[1])
     outs = []
     for s, p, rows in spans.prompts:
         kp, vp = key[:, :, s : s + p], value[:, :, s : s + p]
@@ -94,10 +92,14 @@ def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     *, scale: float | None = None) -> torch.Tensor:
     """The reference: one SDPA call over the whole sequence under the dense (1, 1, N, N) bool mask
     ``keep`` (:meth:`reasonrl.train.batch.Packed.attention_mask`), every pair computed."""
-    H, Hkv = query.shape[1], key.shape[1]
-    if H != Hkv:
-        key, value = key.repeat_interleave(H // Hkv, dim=1), value.repeat_interleave(H // Hkv, dim=1)
+    key, value = _per_query_head(key, value, query.shape[1])
     return F.scaled_dot_product_attention(query, key, value, attn_mask=keep, scale=scale)
+
+
+def _per_query_head(key: torch.Tensor, value: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query keys and values (1, H_kv, N, d) repeated to ``heads`` (head h reads h // (H / H_kv))."""
+    r = heads // key.shape[1]
+    return (key, value) if r == 1 else (key.repeat_interleave(r, dim=1), value.repeat_interleave(r, dim=1))
 
 
 def segment_attention_fn(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
