@@ -100,7 +100,7 @@ class EngineOptions:
     kv_cache_gib: float | None = opt(None, "vllm engine on CPU: KV cache size in GiB (default 2, or $VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float | None = opt(None, "vllm engine on GPU: share of GPU memory vLLM may take (default 0.5: the trainer shares the GPU; with --engine-sleep it is freed while the trainer works).")
     max_num_seqs: int | None = opt(None, "vllm engine: most sequences decoded at once (vLLM's default when unset).")
-    enforce_eager: bool | None = opt(None, "vllm engine: no CUDA graphs / torch.compile (default: on for CPU, off for GPU).")
+    enforce_eager: bool | None = opt(None, "vllm engine: no CUDA graphs / torch.compile. Default: off on GPU; on CPU, off (compiled) where a stage expects at least 10,000 decode steps in one process (train and pretrain-value: steps × max_response_len; eval and rollout: max_response_len per 256 rows), where compiling's minute at start-up pays back (a decode step's fixed cost a third lower), else on.")
     prefix_caching: bool = opt(True, "vllm engine: share the KV blocks of a prompt among its samples (reset after each weight sync).")
     max_concurrency: int = opt(32, "server engine: requests in flight at once, per server.")
     engine_tp: int = opt(1, "vllm engine: tensor-parallel size N. Under torchrun, consecutive ranks form engine groups of N (one vLLM engine split over their N GPUs through vLLM's external_launcher; N must divide the processes per node); each group generates the union of its ranks' prompts and each rank keeps its own. In one process, vLLM starts N workers itself (GPUs).")
@@ -121,6 +121,11 @@ class EngineOptions:
 
 # ------------------------------------------------------------------------------------------------
 # Helpers every engine may use
+
+
+def engine_label(engine: Any) -> str:
+    """The engine's name for the console, "(compiled)" added where it compiled its model."""
+    return f"{engine.name} (compiled)" if getattr(engine, "compiled", False) else engine.name
 
 
 def model_config(model_dir: str | Path) -> dict[str, Any]:

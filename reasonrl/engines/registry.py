@@ -20,12 +20,14 @@ from reasonrl.errors import ReasonRLError
 @dataclass(frozen=True)
 class EngineEntry:
     """One engine: ``target`` ("module:Class"), the ``EngineOptions`` fields it reads mapped to its
-    constructor's keyword arguments, and whether it takes ``max_model_len``."""
+    constructor's keyword arguments, and whether it takes ``max_model_len`` and
+    ``expected_decode_steps`` (how much the caller will decode: vLLM on CPU compiles for long runs)."""
 
     target: str
     options: dict[str, str]
     help: str
     takes_max_model_len: bool = True
+    takes_decode_steps: bool = False
     install_hint: str = ""
 
 
@@ -36,7 +38,7 @@ ENGINES: dict[str, EngineEntry] = {
                         {"dtype": "dtype", "kv_cache_gib": "kv_cache_gib", "gpu_memory_utilization": "gpu_memory_utilization",
                          "max_num_seqs": "max_num_seqs", "enforce_eager": "enforce_eager", "prefix_caching": "enable_prefix_caching",
                          "engine_tp": "tensor_parallel_size", "engine_sleep": "enable_sleep_mode"},
-                        "vLLM, in this process", install_hint="run `bash scripts/install.sh` or use --engine hf"),
+                        "vLLM, in this process", takes_decode_steps=True, install_hint="run `bash scripts/install.sh` or use --engine hf"),
     "server": EngineEntry("reasonrl.engines.server:ServerEngine",
                           {"max_concurrency": "max_concurrency", "dtype": "dtype", "weight_sync_address": "weight_sync_address"},
                           "running `vllm serve` processes (--engine http://HOST:PORT[,http://HOST2:PORT])", takes_max_model_len=False),
@@ -55,8 +57,10 @@ def engine_kind(name: str) -> str:
     return name
 
 
-def make_engine(opts: EngineOptions, model_dir: str, *, seed: int, max_model_len: int = 4096, **extra: Any) -> GenerationEngine:
-    """Build the engine ``opts.engine`` names for ``model_dir``.
+def make_engine(opts: EngineOptions, model_dir: str, *, seed: int, max_model_len: int = 4096, decode_steps: int | None = None,
+                **extra: Any) -> GenerationEngine:
+    """Build the engine ``opts.engine`` names for ``model_dir``; ``decode_steps``: about how many
+    decode steps the caller will run over the engine's life (None: unknown), for engines that take it.
 
     Options the engine does not read must keep their defaults (an error names the option and the
     engine otherwise). ``extra`` passes constructor arguments that are not user options (e.g. an
@@ -74,6 +78,8 @@ def make_engine(opts: EngineOptions, model_dir: str, *, seed: int, max_model_len
     kwargs = {arg: getattr(opts, name) for name, arg in entry.options.items()}
     if entry.takes_max_model_len:
         kwargs["max_model_len"] = max_model_len
+    if entry.takes_decode_steps:
+        kwargs["expected_decode_steps"] = decode_steps
     module_name, cls_name = entry.target.split(":")
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)

@@ -20,8 +20,12 @@ Settings (keyword arguments, else environment variables):
 - ``kv_cache_gib`` / ``VLLM_CPU_KVCACHE_SPACE`` (CPU): KV cache size, default 2 GiB.
 - ``gpu_memory_utilization`` / ``REASONRL_VLLM_GPU_MEMORY_UTILIZATION`` (GPU): default 0.5, since
   the trainer shares the GPU with this engine.
-- ``enforce_eager``: default True on CPU (vLLM's CPU torch.compile costs minutes of start-up),
-  False on GPU (CUDA graphs).
+- ``enforce_eager``: default False on GPU (CUDA graphs). On CPU, compiled (torch.compile with
+  Inductor: a decode step's fixed cost about a third lower) when the caller expects at least
+  ``CPU_COMPILE_MIN_DECODE_STEPS`` decode steps (``expected_decode_steps``: a training run's steps ×
+  L_max) in a single process, eager otherwise, since compiling costs about a minute at start-up
+  (``compiled_by_default``). While compiling on CPU, ``VLLM_USE_AOT_COMPILE`` defaults to 0: vLLM
+  0.32's AOT cache fails to load there and recompiles at every start.
 - ``max_num_seqs`` / ``max_num_batched_tokens``: vLLM's batch limits (defaults 256 / 4096 on CPU).
 - ``enable_prefix_caching``: default True (the G samples of a prompt share its KV blocks); the
   cache is reset after each weight update, or prompts would reuse KV computed by the old weights.
@@ -87,6 +91,25 @@ DEFAULT_KV_CACHE_GIB = 2.0
 #: 32 is the smallest the CPU attention backend takes; decoding is no slower with it (bench/README.md).
 CPU_BLOCK_SIZE = 32
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
+#: On CPU, vLLM compiles the model (instead of running it eagerly) for a run expected to decode at
+#: least this many steps. Measured (bench/README.md, "Compiled decoding"): SmolLM2-135M in bf16 on
+#: 2 cores, a decode step 27.7 ms + 1.71 ms per row eager, 18.8 ms + 1.41 ms per row compiled
+#: (1.25x at 64 rows, 1.3-1.5x at 1-8), for 30-75 s of compiling at start-up (the cache warm or cold):
+#: ~9 ms saved per step repays a minute after ~7,000 steps. A step runs to its longest response, and
+#: most of a run's steps are shorter than L_max, hence the margin.
+CPU_COMPILE_MIN_DECODE_STEPS = 10_000
+
+
+def compiled_by_default(*, on_gpu: bool, processes: int, tensor_parallel_size: int, expected_decode_steps: int | None) -> bool:
+    """Whether the engine compiles its model when ``enforce_eager`` is not given: on GPUs always
+    (vLLM's default: CUDA graphs); on CPU when the caller expects at least
+    ``CPU_COMPILE_MIN_DECODE_STEPS`` decode steps and runs as one process with one engine worker
+    (a multi-process job on CPU stays eager: its ranks would compile side by side on the same
+    cores, and it was not measured compiled)."""
+    if on_gpu:
+        return True
+    return (processes == 1 and tensor_parallel_size == 1 and expected_decode_steps is not None
+            and expected_decode_steps >= CPU_COMPILE_MIN_DECODE_STEPS)
 
 
 class VLLMEngine:
@@ -102,6 +125,7 @@ class VLLMEngine:
         seed: int = 0,
         max_model_len: int = 4096,
         enforce_eager: bool | None = None,
+        expected_decode_steps: int | None = None,
         gpu_memory_utilization: float | None = None,
         kv_cache_gib: float | None = None,
         max_num_seqs: int | None = None,
@@ -138,6 +162,17 @@ class VLLMEngine:
         self._group: Any = None  # the gloo group of this rank's engine (tensor parallel inside a torchrun job)
         self._shm_token: str | None = None  # the group's name for its CPU shared memory (tensor parallel inside a torchrun job)
         self._calls = 0
+        if enforce_eager is None:
+            dist = torch.distributed
+            processes = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            enforce_eager = not compiled_by_default(on_gpu=on_gpu, processes=processes, tensor_parallel_size=self.tp,
+                                                    expected_decode_steps=expected_decode_steps)
+        self.compiled = not enforce_eager
+        if self.compiled and not on_gpu:
+            # vLLM 0.32 on CPU saves its AOT-compiled model but cannot load it ("'function' object has no
+            # attribute 'finalize_loading'"), so each start compiled again (SmolLM2-135M: 87-126 s); with
+            # Inductor's own cache instead, 32 s once the cache is warm. Read at the first construction.
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         kw = self._llm_options(on_gpu=on_gpu, enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
                                kv_cache_gib=kv_cache_gib, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=enable_chunked_prefill,
@@ -168,7 +203,7 @@ class VLLMEngine:
             max_model_len = limit
         return max_model_len
 
-    def _llm_options(self, *, on_gpu: bool, enforce_eager: bool | None, gpu_memory_utilization: float | None, kv_cache_gib: float | None,
+    def _llm_options(self, *, on_gpu: bool, enforce_eager: bool, gpu_memory_utilization: float | None, kv_cache_gib: float | None,
                      max_num_seqs: int | None, max_num_batched_tokens: int | None, enable_prefix_caching: bool,
                      enable_chunked_prefill: bool | None, enable_sleep_mode: bool, block_size: int | None) -> dict[str, Any]:
         """reasonrl's engine options as ``vllm.LLM``'s keyword arguments, with this project's CPU and GPU defaults."""
@@ -178,7 +213,7 @@ class VLLMEngine:
             dtype=self.dtype,
             seed=self.seed,
             max_model_len=self.max_model_len,
-            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+            enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,

@@ -109,7 +109,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
 
     from reasonrl.artifacts import hash_path, hash_weights, versions
     from reasonrl.devices import resolve_dtype
-    from reasonrl.engines.base import SamplingParams
+    from reasonrl.engines.base import SamplingParams, engine_label
     from reasonrl.evaluation.scores import metrics_by_source, per_problem_values
     from reasonrl.evaluation.problems import merge_replicas
     from reasonrl.rewards import ScoreStats
@@ -131,12 +131,12 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     run = open_output(cfg.out, stage="eval", outputs=OUTPUTS, overwrite=cfg.overwrite, inputs=(cfg.model, cfg.dataset))
     out = run.path
     vers = versions()
-    gen = open_generation(cfg)
+    gen = open_generation(cfg, rows=len(rows) * cfg.n)
     vote_stats = ScoreStats()
     try:
         params = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len, seed=cfg.seed)
         with Display(console, quiet=cfg.quiet) as display:
-            display.status(f"eval {cfg.dataset}: {len(rows)} problems × {cfg.n} samples ({gen.engine.name})")
+            display.status(f"eval {cfg.dataset}: {len(rows)} problems × {cfg.n} samples ({engine_label(gen.engine)})")
             groups, st = generate_rollouts(gen.engine, gen.tokenizer, gen.scorer, rows, params, max_prompt_len=cfg.max_prompt_len)
         if not groups:
             raise ReasonRLError(f"no problem fits max_prompt_len={cfg.max_prompt_len}: raise --max-prompt-len")

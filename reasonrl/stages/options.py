@@ -146,10 +146,16 @@ class Generation:
         self.engine.close()
 
 
-def open_generation(cfg: Any, model_dir: Path | None = None) -> Generation:
-    """The engine on ``model_dir`` (default: ``--model``). ``--model`` may be a bare peft adapter
-    directory (``adapter_config.json``, e.g. a LoRA run's ``policy/adapter/``): the engine loads the
-    base model it names and then the merged weights, in memory."""
+#: Rows a vLLM engine decodes at once unless --max-num-seqs says (vLLM's default), for the estimate
+#: of a stage's decode steps that decides whether vLLM compiles on CPU.
+ENGINE_ROWS_AT_ONCE = 256
+
+
+def open_generation(cfg: Any, model_dir: Path | None = None, *, rows: int = 0) -> Generation:
+    """The engine on ``model_dir`` (default: ``--model``), for ``rows`` (prompts × samples) to
+    generate. ``--model`` may be a bare peft adapter directory (``adapter_config.json``, e.g. a LoRA
+    run's ``policy/adapter/``): the engine loads the base model it names and then the merged
+    weights, in memory."""
     from reasonrl.engines.registry import make_engine
     from reasonrl.models.loading import check_weights, load_tokenizer
     from reasonrl.models.lora import adapter_base, adapter_merged_weights, is_adapter_dir
@@ -159,7 +165,8 @@ def open_generation(cfg: Any, model_dir: Path | None = None) -> Generation:
     md = check_weights(adapter_base(adapter), cfg.allow_pickle) if adapter is not None else (model_dir or cfg.policy_dir())
     merged = adapter_merged_weights(adapter, md, allow_pickle=cfg.allow_pickle) if adapter is not None else None
     tok = load_tokenizer(md)
-    engine = make_engine(cfg, str(md), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+    waves = math.ceil(rows / (cfg.max_num_seqs or ENGINE_ROWS_AT_ONCE))  # (each wave decodes up to L_max steps)
+    engine = make_engine(cfg, str(md), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len, decode_steps=waves * cfg.max_response_len)
     if merged is not None:
         try:
             engine.update_weights(merged)

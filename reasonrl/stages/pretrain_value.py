@@ -228,7 +228,8 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
         label = f"held-out: {len(held_saved)} prompts of the rollouts, not trained on"
         source = f"{len(saved)} prompts × {group_size} saved responses of {art.path}"
     else:
-        engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len)
+        engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len,
+                             decode_steps=cfg.steps * cfg.max_response_len)
         scorer = RewardScorer(reward=cfg.reward)
         collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
                                           overlong_cache_len=0) for r in (rows, held_rows))

@@ -12,6 +12,7 @@ from typing import Any
 
 from reasonrl.artifacts import hash_weights, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
+from reasonrl.engines.base import engine_label
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import ModelOpts, ProgressOpts, RolloutOpts, open_generation
 
@@ -50,11 +51,11 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     outputs = ("rollouts.parquet", "summary.json")
     run = open_output(cfg.out, stage="rollout", outputs=outputs, overwrite=cfg.overwrite, inputs=(cfg.data, cfg.model))
     out = run.path
-    gen = open_generation(cfg)
+    gen = open_generation(cfg, rows=len(rows) * cfg.group_size)
     try:
         params = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len, seed=cfg.seed)
         with Display(console, quiet=cfg.quiet) as display:
-            display.status(f"rollout: {len(rows)} prompts × {cfg.group_size} responses ({gen.engine.name})")
+            display.status(f"rollout: {len(rows)} prompts × {cfg.group_size} responses ({engine_label(gen.engine)})")
             groups, st = generate_rollouts(gen.engine, gen.tokenizer, gen.scorer, rows, params, max_prompt_len=cfg.max_prompt_len)
     finally:
         gen.close()

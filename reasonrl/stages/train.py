@@ -254,6 +254,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
 def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -> dict[str, Any]:
     from rich.console import Console
 
+    from reasonrl.engines.base import engine_label
     from reasonrl.engines.registry import make_engine
     from reasonrl.interrupts import Interrupted, StepAbandoned
     from reasonrl.models import lora as L
@@ -347,7 +348,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         console.print(f"resumed from {ckpt} (step {start})")
 
     val_len = cfg.val_max_response_len or cfg.max_response_len
-    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0))
+    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0),
+                         decode_steps=(cfg.steps - start) * cfg.max_response_len)
     if ckpt:  # (a fresh adapter's B is 0: its merged weights are the base's, which the engine loaded)
         engine.update_weights(L.engine_weights(policy_backend.model, policy_backend.full_state_dict()))
     scorer = RewardScorer(reward=cfg.reward)
@@ -364,8 +366,9 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     if best is not None:
         best.load(val_state)
     if rank == 0:
-        write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name, "world_size": world})
-        console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine.name} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts"
+        write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name,
+                                      "engine_compiled": getattr(engine, "compiled", False), "world_size": world})
+        console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine_label(engine)} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts"
                       + (f" | {L.trainable_line(policy)}" if lora is not None else ""))
     perf = None if cfg.peak_flops == 0 else StepPerf.for_model(
         policy.config, dtype=dtype, device=device, peak_flops=cfg.peak_flops, group_size=cfg.group_size, epochs=cfg.ppo_epochs,

@@ -84,3 +84,62 @@ def test_bf16_engine_takes_fp32_weights(tiny_model, prompts) -> None:
         assert [x[0].token_ids for x in again] == [x[0].token_ids for x in base]
     finally:
         eng.close()
+
+
+def test_cpu_compiles_only_for_long_runs() -> None:
+    """vLLM on CPU compiles when the caller expects enough decode steps to repay the compile (a
+    long train run), runs eagerly otherwise (tests, the main job, an unknown count); GPUs compile
+    always; a multi-process job or a tensor-parallel group on CPU stays eager."""
+    import functools
+
+    from reasonrl.engines.vllm_engine import CPU_COMPILE_MIN_DECODE_STEPS as N
+    from reasonrl.engines.vllm_engine import compiled_by_default
+
+    cpu = functools.partial(compiled_by_default, on_gpu=False)
+    assert cpu(processes=1, tensor_parallel_size=1, expected_decode_steps=N)
+    assert not cpu(processes=1, tensor_parallel_size=1, expected_decode_steps=N - 1)
+    assert not cpu(processes=1, tensor_parallel_size=1, expected_decode_steps=None)
+    assert not cpu(processes=2, tensor_parallel_size=1, expected_decode_steps=10 * N)
+    assert not cpu(processes=2, tensor_parallel_size=2, expected_decode_steps=10 * N)
+    assert compiled_by_default(on_gpu=True, processes=2, tensor_parallel_size=2, expected_decode_steps=None)
+
+
+def test_compiled_engine_generates_as_eager_and_follows_weight_syncs(tiny_model, prompts, hf_logprobs) -> None:
+    """A run long enough to compile (make_engine's decode_steps) gets a compiled engine on CPU: the
+    same greedy tokens as the eager engine, and after each of two weight syncs the synced model's
+    tokens and log-probs (the compiled graph reads the reloaded weights, not the ones it was
+    compiled with)."""
+    from reasonrl.engines.hf import HFEngine
+    from reasonrl.engines.vllm_engine import CPU_COMPILE_MIN_DECODE_STEPS
+    from reasonrl.models import load_causal_lm
+
+    if torch.cuda.is_available():
+        pytest.skip("the compile choice by run length applies on CPU")
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    opts = EngineOptions(engine="vllm", dtype="fp32")
+    eager = make_engine(opts, str(tiny_model), seed=0, max_model_len=512, decode_steps=CPU_COMPILE_MIN_DECODE_STEPS - 1)
+    try:
+        assert not eager.compiled and eager.llm.llm_engine.vllm_config.model_config.enforce_eager
+        want = [g[0].token_ids for g in eager.generate(prompts, greedy)]
+    finally:
+        eager.close()
+    eng = make_engine(opts, str(tiny_model), seed=0, max_model_len=512, decode_steps=CPU_COMPILE_MIN_DECODE_STEPS)
+    try:
+        assert eng.compiled and not eng.llm.llm_engine.vllm_config.model_config.enforce_eager
+        assert [g[0].token_ids for g in eng.generate(prompts, greedy)] == want
+        model = load_causal_lm(tiny_model, dtype=torch.float32)
+        g = torch.Generator().manual_seed(1)
+        before = want
+        for _ in range(2):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.1 * torch.randn(p.shape, generator=g))
+            eng.update_weights(model.state_dict())
+            out = eng.generate(prompts, greedy)
+            ref = HFEngine(str(tiny_model), dtype="fp32", model=model).generate(prompts, greedy)
+            assert [c[0].token_ids for c in out] == [c[0].token_ids for c in ref] != before
+            before = [c[0].token_ids for c in out]
+            for p, c in zip(prompts, out):
+                torch.testing.assert_close(torch.tensor(c[0].logprobs), hf_logprobs(model, p, c[0].token_ids, temperature=0), atol=1e-4, rtol=0)
+    finally:
+        eng.close()

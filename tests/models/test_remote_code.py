@@ -174,7 +174,7 @@ def test_vllm_engine_options_never_trust_remote_code(evil, monkeypatch):
     assert not sentinel.exists()
     eng = object.__new__(VLLMEngine)
     eng.model_dir, eng.dtype, eng.seed, eng.max_model_len, eng.tp = str(model), "float32", 0, 64, 1
-    kw = eng._llm_options(on_gpu=False, enforce_eager=None, gpu_memory_utilization=None, kv_cache_gib=None, max_num_seqs=None,
+    kw = eng._llm_options(on_gpu=False, enforce_eager=True, gpu_memory_utilization=None, kv_cache_gib=None, max_num_seqs=None,
                           max_num_batched_tokens=None, enable_prefix_caching=True, enable_chunked_prefill=None, enable_sleep_mode=False, block_size=None)
     assert kw["trust_remote_code"] is False
 
