@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench")
     ap.add_argument("--json", default=None, help="also write the per-point means here")
+    ap.add_argument("--train-args", default="", help="more `reasonrl train` options for every point, e.g. --train-args=--no-enforce-eager (one string, joined by '=')")
+    ap.add_argument("--tag", default="", help="suffix of the points' run directories and logs (runs that differ only in --train-args)")
     a = ap.parse_args()
     if not 0 <= a.warmup < a.steps:
         ap.error("--warmup must be below --steps: at least one step is timed")
@@ -56,11 +59,12 @@ def main() -> None:
     data = H.prepare(H.REGIMES[a.regime], work)
     rows = []
     for L, G in grid:
-        out = work / "runs" / f"growth-{L}x{G}"
+        name = f"growth-{L}x{G}{'-' + a.tag if a.tag else ''}"
+        out = work / "runs" / name
         args = ["--data", data, "--model", model, "--algo", "grpo", "--loss-agg", "token-mean", "--eps-high", "0.28", "--engine", a.engine,
                 "--dtype", a.dtype, "--steps", a.steps, "--prompts-per-step", a.prompts, "--group-size", G, "--max-response-len", L,
-                "--max-prompt-len", 1024, "--mini-batch-size", a.prompts * G, "--micro-batch-size", min(a.micro_batch_size, a.prompts * G), "--seed", 0]
-        lines = H.train(args, out, work / "logs" / f"growth-{L}x{G}.log")[a.warmup:]
+                "--max-prompt-len", 1024, "--mini-batch-size", a.prompts * G, "--micro-batch-size", min(a.micro_batch_size, a.prompts * G), "--seed", 0, *shlex.split(a.train_args)]
+        lines = H.train(args, out, work / "logs" / f"{name}.log")[a.warmup:]
         cfg = json.loads((out / "config.json").read_text())
 
         def mean(key: str) -> float:

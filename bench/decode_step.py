@@ -5,6 +5,7 @@ length so each call is exactly ``--tokens`` decode steps.
     .venv/bin/python bench/decode_step.py                      # SmolLM2-135M, rows 1, 8, 64, 256, 64 steps each
     .venv/bin/python bench/decode_step.py --model /tmp/tiny --rows 1,8 --tokens 8   # smoke
     .venv/bin/python bench/decode_step.py --variants bare,seed,logprobs,ours --rows 1,8,64   # what of the step is ours
+    .venv/bin/python bench/decode_step.py --variants ours --rows 1,8,64 --compiled          # torch.compile instead of eager (CPU)
 
 ``--variants`` times what reasonrl asks of each request against a bare one, side by side: ``bare``
 (no seed, no log-probs), ``seed`` (a per-request seed: vLLM samples those rows with their own
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per call (every row forced to this length)")
     ap.add_argument("--rounds", type=int, default=3, help="calls per row count (the best is kept)")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--compiled", action="store_true", help="build the engine with torch.compile (enforce_eager=False) instead of the CPU default of eager mode")
     ap.add_argument("--variants", default="seed", help=f"comma list of: {', '.join(VARIANTS)} (default: seed, the bench's original)")
     a = ap.parse_args()
     bad = [v for v in a.variants.split(",") if v not in VARIANTS]
@@ -51,7 +53,9 @@ def main() -> None:
     from reasonrl.perf import ModelShape, gemm_flops, phase_gemms
 
     model_dir = str(resolve_model(a.model))
-    eng = VLLMEngine(model_dir, dtype=a.dtype, seed=0, max_model_len=a.tokens + 64)
+    t_build = time.perf_counter()
+    eng = VLLMEngine(model_dir, dtype=a.dtype, seed=0, max_model_len=a.tokens + 64, enforce_eager=not a.compiled)
+    t_build = time.perf_counter() - t_build
     prompt = [TokensPrompt(prompt_token_ids=list(range(10, 42)))]  # 32 tokens
 
     def timed(rows: int, tokens: int, variant: str) -> float:
@@ -64,7 +68,8 @@ def main() -> None:
         return best
 
     shape = ModelShape.from_config(AutoConfig.from_pretrained(model_dir))
-    print(f"{model_dir} | vLLM engine dtype {eng.dtype} | torch threads {torch.get_num_threads()} | {a.tokens} decode steps per call, best of {a.rounds}")
+    print(f"{model_dir} | vLLM engine dtype {eng.dtype}, {'compiled' if a.compiled else 'eager'}, built in {t_build:.1f} s | torch threads {torch.get_num_threads()} | "
+          f"{a.tokens} decode steps per call, best of {a.rounds}")
     variants = a.variants.split(",")
     pts: dict[str, list[tuple[int, float]]] = {v: [] for v in variants}
     for rows in map(int, a.rows.split(",")):

@@ -138,7 +138,8 @@ def run_reasonrl(a: argparse.Namespace, engine: str, regime: H.Regime, data: Pat
             "--dtype", a.dtype, "--steps", a.steps, "--prompts-per-step", P, "--group-size", G,
             "--max-response-len", a.max_response_len or regime.max_response_len, "--max-prompt-len", a.max_prompt_len,
             "--mini-batch-size", P * G, "--micro-batch-size", a.micro_batch_size, "--temperature", a.temperature, "--top-p", 1.0,
-            "--top-k", -1, "--lr", a.lr, "--weight-decay", a.weight_decay, "--grad-clip", a.grad_clip, "--warmup-steps", 0, "--seed", a.seed]
+            "--top-k", -1, "--lr", a.lr, "--weight-decay", a.weight_decay, "--grad-clip", a.grad_clip, "--warmup-steps", 0, "--seed", a.seed,
+            *(["--no-enforce-eager"] if a.compiled and engine == "vllm" else [])]
     return [H.reasonrl_step(m) for m in H.train(args, out, log)]
 
 
@@ -149,7 +150,7 @@ DONE = "bench_done.json"
 def run_key(a: argparse.Namespace, regime: H.Regime, fw: str, model: str) -> dict[str, Any]:
     """Everything a run's timings depend on: its settings and the machine (``harness.cpu_key``)."""
     settings = {k: getattr(a, k) for k in ("steps", "prompts", "group_size", "max_response_len", "max_prompt_len", "micro_batch_size",
-                                           "temperature", "lr", "weight_decay", "grad_clip", "dtype", "seed")}
+                                           "temperature", "lr", "weight_decay", "grad_clip", "dtype", "seed", "compiled")}
     return {"regime": regime.name, "framework": fw, "model": model, **settings, **H.cpu_key()}
 
 
@@ -205,6 +206,7 @@ def write_results(out: Path, regime: H.Regime, a: argparse.Namespace, row: dict[
            "ratio": trl["s_median"] / rr["s_median"] if trl else None,
            "step_bound_frac": ph.get("step", {}).get("share"), "generate_bound_frac": ph.get("generate", {}).get("share"),
            "update_bound_frac": ph.get("update_actor", {}).get("share"), "cpu": shares["cpu"], "cpu_flags": H.cpu_key()["flags"], "dtype": a.dtype,
+           "engine_compiled": a.compiled,
            "date": datetime.date.today().isoformat(), "prompts": a.prompts or regime.prompts, "group_size": a.group_size or regime.group_size,
            "max_response_len": a.max_response_len or regime.max_response_len, "micro_batch_size": a.micro_batch_size, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
            "lengths": rr.get("lengths"), "frameworks": row, "phases": ph}
@@ -240,7 +242,7 @@ def results_table(folder: Path) -> str:
         ratio = "–" if d["ratio"] is None else f"**{d['ratio']:.2f}×**"
         runs = f"{d['micro_batch_size']}; {d['rounds']} × {d['steps'] - d['warmup']}"
         out.append(f"| {d['regime']} | {lens} | {runs} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
-                   f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {machine(d)}, {d['dtype']}, {d['date']} |")
+                   f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {machine(d)}, {d['dtype']}{', vLLM compiled' if d.get('engine_compiled') else ''}, {d['date']} |")
     return "\n".join(out)
 
 
@@ -264,6 +266,8 @@ def main() -> None:
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="fp32: everything fp32; bf16: reasonrl --dtype bf16 (bf16 engine, fp32 weights + bf16 autocast in training), TRL with bf16 weights and bf16=True (generation and training in bf16: its fastest setting)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compiled", action="store_true", help="reasonrl's vLLM engine compiled (--no-enforce-eager), as `reasonrl train` compiles it on CPU for a run "
+                    "of >= 10,000 decode steps; the bench's few steps would otherwise run it eagerly. Compiling (about a minute) is outside s/step")
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, logs, and run directories (metrics.jsonl + config.json; checkpoints deleted)")
     ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
     ap.add_argument("--fresh", action="store_true", help="rerun every run, even those an earlier invocation finished (see above)")
