@@ -111,7 +111,6 @@ def generate_rollouts(
     Progress goes to ``display`` (a ``reasonrl.progress.Display``; default: the current one, if
     any): a generation bar fed by the engine's ``progress`` callback (responses done of all, tok/s,
     ETA) and a scoring line. Without a display the engine gets one plain call, as always."""
-    from reasonrl.data.prepared import ground_truth  # (reasonrl.data imports sympy: lazily)
     from reasonrl.models.tokens import fitting_ids
 
     stats = RolloutStats()
@@ -141,38 +140,48 @@ def generate_rollouts(
         row = rows[i]
         group = []
         for c in comps:
-            s = Sample(
-                group=group_ids[i] if group_ids is not None else g,
-                prompt_index=row_offset + i,
-                prompt=text,
-                prompt_ids=list(p_ids),
-                response=tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                response_ids=list(c.token_ids),
-                logprobs=list(c.logprobs),
-                finish_reason=c.finish_reason,
-                truncated=c.finish_reason == "length",
-                ground_truth=ground_truth(row),
-                data_source=str(row.get("data_source", "")),
-            )
+            s = new_sample(tokenizer, row, group=group_ids[i] if group_ids is not None else g, prompt_index=row_offset + i, prompt=text,
+                           prompt_ids=p_ids, response_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason)
             group.append(s)
             flat.append(s)
         groups.append(group)
     stats.prompts = len(groups)
     stats.samples = len(flat)
     stats.gen_tokens = sum(s.length for s in flat)
+    score_samples(scorer, flat, [rows[s.prompt_index - row_offset] for s in flat], stats, display=display)
+    return groups, stats
+
+
+def new_sample(tokenizer: Any, row: dict[str, Any], *, group: int, prompt_index: int, prompt: str, prompt_ids: Sequence[int],
+               response_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str) -> Sample:
+    """An unscored sample of ``row``: the response decoded, its ground truth and data source read
+    from the row; truncated when the engine stopped it at ``max_tokens`` ("length")."""
+    from reasonrl.data.prepared import ground_truth  # (reasonrl.data imports sympy: lazily)
+
+    return Sample(group=group, prompt_index=prompt_index, prompt=prompt, prompt_ids=list(prompt_ids),
+                  response=tokenizer.decode(list(response_ids), skip_special_tokens=True), response_ids=list(response_ids),
+                  logprobs=list(logprobs), finish_reason=finish_reason, truncated=finish_reason == "length", ground_truth=ground_truth(row),
+                  data_source=str(row.get("data_source", "")))
+
+
+def score_samples(scorer: Any, samples: Sequence[Sample], rows: Sequence[dict[str, Any]], stats: RolloutStats, *, display: Any = None) -> None:
+    """Score ``samples`` (``rows[i]``: sample i's prepared row) with the rule reward: each gets its
+    reward, correctness, extracted answer and status (``shaped_reward`` = reward); the time and the
+    scorer's counts are added to ``stats``."""
     t0 = time.perf_counter()
-    with phase(f"score {len(flat)} responses", display=display):
-        infos = [reward_info(rows[s.prompt_index - row_offset], s.data_source) for s in flat]
-        scores, sstats = scorer.score_batch([s.response for s in flat], [s.ground_truth for s in flat], infos)
-    stats.score_seconds = time.perf_counter() - t0
-    stats.scorer = {k: int(v) for k, v in sstats.as_dict().items() if k != "seconds"}
-    for s, sc in zip(flat, scores):
+    with phase(f"score {len(samples)} responses", display=display):
+        infos = [reward_info(row, s.data_source) for s, row in zip(samples, rows)]
+        scores, sstats = scorer.score_batch([s.response for s in samples], [s.ground_truth for s in samples], infos)
+    stats.score_seconds += time.perf_counter() - t0
+    for k, v in sstats.as_dict().items():
+        if k != "seconds":
+            stats.scorer[k] = stats.scorer.get(k, 0) + int(v)
+    for s, sc in zip(samples, scores):
         s.reward = float(sc.reward)
         s.correct = bool(sc.correct)
         s.extracted = sc.extracted
         s.score_status = sc.status
         s.shaped_reward = s.reward
-    return groups, stats
 
 
 def write_rollouts(path: str | Path, samples: Sequence[Sample], step: int | None = None) -> None:
