@@ -27,3 +27,33 @@ def assert_user_error(result, *needles: str) -> str:
     for n in needles:
         assert n in lines[0], lines[0]
     return lines[0]
+
+
+def crashed_copy(full, out, *, step: int, steps: int) -> None:
+    """``out``: a copy of the finished train run ``full`` as if it had crashed right after
+    checkpointing step ``step`` (of ``steps``, one checkpoint per step): the later checkpoints and
+    the final outputs gone, ``latest`` naming step ``step``."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(full, out)
+    for p in ("policy", "manifest.json", "summary.json"):
+        (shutil.rmtree if (out / p).is_dir() else Path.unlink)(out / p)
+    for s in range(step + 1, steps + 1):
+        shutil.rmtree(out / "checkpoints" / f"step_{s}")
+    (out / "checkpoints" / "latest").write_text(f"step_{step}\n")
+
+
+def assert_same_run(full, out) -> None:
+    """Runs ``full`` and ``out`` logged the same metrics (``perf/…`` left out) and ended with bitwise
+    the same policy weights."""
+    import json
+
+    from safetensors.torch import load_file
+
+    metrics = lambda d: [{k: v for k, v in json.loads(ln).items() if not k.startswith("perf/")}  # noqa: E731
+                         for ln in (d / "metrics.jsonl").read_text().splitlines() if ln]
+    assert metrics(out) == metrics(full)
+    weights = lambda d: {k: v for f in sorted((d / "policy").glob("*.safetensors")) for k, v in load_file(f).items()}  # noqa: E731
+    a, b = weights(full), weights(out)
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)

@@ -117,6 +117,11 @@ class Collected:
     dropped_all_wrong: int = 0
     retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
 
+    def drop(self, n_correct: int, size: int) -> None:
+        """Count a group dynamic sampling dropped (all correct or all wrong)."""
+        self.dropped_all_correct += int(n_correct == size)
+        self.dropped_all_wrong += int(n_correct == 0)
+
     @property
     def short(self) -> bool:
         """Dynamic sampling stopped at its round cap with fewer groups than wanted."""
@@ -176,23 +181,30 @@ class Collector:
             out.rounds += 1
             shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
             out.generated.extend(s for g in groups for s in g)
-            # Agree on what was generated: (draw index, rank, #correct, G, informative) of every group.
-            informative = A.informative_groups(torch.tensor([[s.correct for s in g] for g in groups], dtype=torch.bool)).tolist() if groups else []
-            facts = [(g[0].group, rank, sum(s.correct for s in g), len(g), inf) for g, inf in zip(groups, informative)]
-            everyone = sorted(f for part in self.ranks.gather(facts) for f in part)
+            everyone = self._agree(groups)
             out.generated_groups += len(everyone)
             for draw, _, n_corr, size, _ in everyone:  # (--skip-solved-epochs: every rank keeps the same streaks)
                 self.stream.visit(row_ids[draw - start], n_corr == size)
             for draw, owner, n_corr, size, useful in everyone:
                 if dynamic and not useful:
-                    out.dropped_all_correct += int(n_corr == size)
-                    out.dropped_all_wrong += int(n_corr == 0)
+                    out.drop(n_corr, size)
                     continue
                 if len(selected) < n_prompts:
                     selected.append((draw, owner))
             for g in groups:
                 mine[g[0].group] = g
             need = n_prompts - len(selected)
+        return self._close(out, selected, mine)
+
+    def _agree(self, groups: list[list[Sample]]) -> list[tuple[int, int, int, int, bool]]:
+        """What every rank generated, agreed on: (draw index, rank, #correct, G, informative) of
+        each rank's ``groups``, sorted by draw index."""
+        informative = A.informative_groups(torch.tensor([[s.correct for s in g] for g in groups], dtype=torch.bool)).tolist() if groups else []
+        facts = [(g[0].group, self.ranks.rank, sum(s.correct for s in g), len(g), inf) for g, inf in zip(groups, informative)]
+        return sorted(f for part in self.ranks.gather(facts) for f in part)
+
+    def _close(self, out: Collected, selected: list[tuple[int, int]], mine: dict[int, list[Sample]]) -> Collected:
+        """Mark this rank's groups kept or not, and give ``out`` the counts and this rank's share."""
         chosen = {d for d, _ in selected}
         for g in mine.values():
             for smp in g:

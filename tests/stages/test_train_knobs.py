@@ -6,12 +6,11 @@ checkpoint equal to the uninterrupted one (the controller's state and the schedu
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from clihelp import assert_user_error, run_cli
+from clihelp import assert_same_run, assert_user_error, crashed_copy, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -24,12 +23,6 @@ STEPS = 4
 
 def _lines(out: Path) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
-
-
-def _weights(d: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return {k: v for f in sorted(d.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
 def test_cosine_and_adaptive_entropy_metrics_and_an_exact_resume(prepared, tiny_model, tmp_path):
@@ -55,18 +48,10 @@ def test_cosine_and_adaptive_entropy_metrics_and_an_exact_resume(prepared, tiny_
 
     # a run that crashed after step 2, resumed: the same metrics and bitwise the same weights
     out = tmp_path / "resumed"
-    shutil.copytree(full, out)
-    for p in ("policy", "manifest.json", "summary.json"):
-        (shutil.rmtree if (out / p).is_dir() else Path.unlink)(out / p)
-    for p in ("step_3", "step_4"):
-        shutil.rmtree(out / "checkpoints" / p)
-    (out / "checkpoints" / "latest").write_text("step_2\n")
+    crashed_copy(full, out, step=2, steps=4)
     r = run_cli(*args, "--out", out, "--resume")
     assert r.exit_code == 0, r.output
-    keep = lambda ms: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in ms]  # noqa: E731
-    assert keep(_lines(out)) == keep(lines)
-    a, b = _weights(full / "policy"), _weights(out / "policy")
-    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    assert_same_run(full, out)
 
     # a resume that would change the schedule's length is refused
     r = run_cli(*[a_ if a_ != str(STEPS) else "6" for a_ in args], "--out", out, "--resume")
