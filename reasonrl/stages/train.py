@@ -64,6 +64,7 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
     max_pass_rate: float = opt(1.0, "With --rollouts: drop the prompts whose pass rate is >= this (1: the always solved; 2 keeps them).")
     unrated: str = opt("keep", "With --rollouts: 'keep' or 'drop' the training prompts the rollouts do not cover.")
     skip_solved_epochs: int = opt(0, "Drop a prompt for the rest of the run once every sample of it was correct in this many visits in a row (0 = never); kept in checkpoints.")
+    partial_rollout_len: int = opt(0, "Partial rollouts (Kimi k1.5 §2.6.2, slime): generate S tokens per response and round, and carry a response still going when the batch is full into the next step (sampled on by the next policy; its per-token sampling log-probs are kept for the mismatch metrics and TIS), so no step waits for its longest response. Must divide max_response_len; 0 = off (each response whole within its step). See docs/performance.md.")
     keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
     resume: bool = opt(False, "Continue from the latest checkpoint in out/.")
     overwrite: bool = opt(False, "Replace a finished run in out/.")
@@ -105,6 +106,8 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
         check(bool(self.rollouts) or (self.min_pass_rate, self.max_pass_rate, self.unrated) == (0.0, 1.0, "keep"),
               "--min-pass-rate, --max-pass-rate and --unrated filter by a rollout artifact's pass rates: give --rollouts DIR too")
         check(self.skip_solved_epochs >= 0, "skip_solved_epochs must be >= 0 (0 = never)")
+        check(self.partial_rollout_len >= 0 and (self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0),
+              f"partial_rollout_len must divide max_response_len ({self.max_response_len}), e.g. {self.max_response_len // 8 or 1} (0 = off)")
 
     def algo_spec(self) -> A.AlgoSpec:
         """The --algo row with this run's overrides applied."""
@@ -338,7 +341,6 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         st = json.loads((ckpt / "trainer_state.json").read_text())
         start = int(st["step"])
         progress.finished = progress.saved = start
-        stream.load(st["data"])
         policy_backend.load_state(ckpt / "policy_state")
         if critic_backend is not None:
             critic_backend.load_state(ckpt / "critic_state")
@@ -355,7 +357,10 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     scorer = RewardScorer(reward=cfg.reward)
     ranks = Ranks(rank, world)
     collector = make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, ranks=ranks,
-                               overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds)
+                               overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds,
+                               partial_len=cfg.partial_rollout_len)
+    if ckpt:
+        collector.load(st["data"])  # the data position (and the partial rollouts' pool)
     learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, policy=policy, policy_backend=policy_backend,
                            critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
     if ckpt:  # (the adaptive entropy coefficient)
@@ -415,19 +420,19 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         for step in range(start + 1, cfg.steps + 1):
             if best is not None and best.stop:
                 break  # (a resumed run that had stopped early)
-            rng, data = torch.get_rng_state(), stream.state()  # the state after the last step, should this one be dropped
+            rng, data = torch.get_rng_state(), collector.state()  # the state after the last step, should this one be dropped
             try:
                 stop.begin_step()
                 res = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                                  on_short_batch=cfg.on_short_batch, perf=perf, before_update=stop.commit)
             except StepAbandoned:  # (a signal while collecting: nothing but the data position and the RNG changed)
                 torch.set_rng_state(rng)
-                stream.load(data)
+                collector.load(data)
                 progress.abandoned = step
                 if progress.finished > progress.saved and not bad_steps:
                     display.status("save checkpoint")
                     save_checkpoint(out, progress.finished, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
-                                    data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
+                                    data_state=collector.state(), rank=rank, world=world, keep_last=cfg.keep_last,
                                     val_state=best.state() if best is not None else None, learner_state=learner.state())
                     progress.saved, progress.written = progress.finished, True
                 break
@@ -445,7 +450,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 log_validation(step, per_problem)
                 if res.short_batch:
                     done = "update skipped" if res.skipped_update else "trained on them"
-                    display.print(f"[yellow]step {step}: dynamic sampling kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
+                    display.print(f"[yellow]step {step}: {'collection (partial rollouts)' if 'rollout/partial_open_groups' in m else 'dynamic sampling'} kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
                                            f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     display.print(log_line(step, cfg.steps, m))
@@ -462,7 +467,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping or early) and not bad_steps:
                 display.status("save checkpoint")
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
-                                data_state=stream.state(), rank=rank, world=world, keep_last=cfg.keep_last,
+                                data_state=collector.state(), rank=rank, world=world, keep_last=cfg.keep_last,
                                 val_state=best.state() if best is not None else None, learner_state=learner.state())
                 progress.saved, progress.written = step, stopping
             if early and rank == 0:

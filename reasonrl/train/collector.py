@@ -15,6 +15,11 @@ on an equal share: a rank keeps its own up to the share, the surplus moves to ra
 and when the total does not divide, the short ranks get a padding copy (no loss, no metric) rather
 than any informative group being thrown away.
 
+Partial rollouts (``train --partial-rollout-len S``, :mod:`reasonrl.train.partial`): each round is
+one segment of S tokens over the round's new prompts and every response still going; a group joins
+the batch once its G responses have finished, and what is still going when the batch is full is
+continued in the next step. The pool is the same on every rank and part of :meth:`Collector.state`.
+
 Every random stream is derived, not carried: prompt ``p`` of round ``r`` of step ``s`` samples with
 seed ``mix(seed, s, r, draw index)`` (the engine's per-request seeds), so a resumed run draws the
 same tokens as an uninterrupted one and no rank's tokens depend on another's.
@@ -25,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -32,7 +38,9 @@ import torch
 
 from reasonrl import algos as A
 from reasonrl.engines.base import SamplingParams
-from reasonrl.rollouts import RolloutStats, Sample, generate_rollouts
+from reasonrl.progress import phase
+from reasonrl.rollouts import RolloutStats, Sample, generate_rollouts, new_sample, prompt_text, score_samples
+from reasonrl.train.partial import OpenGroup, PartialPool, Piece
 from reasonrl.train.ranks import Ranks, mix
 
 
@@ -116,6 +124,7 @@ class Collected:
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
     retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
+    partial: dict[str, float] = field(default_factory=dict)  # the rollout/partial_… metrics (--partial-rollout-len; empty when off)
 
     def drop(self, n_correct: int, size: int) -> None:
         """Count a group dynamic sampling dropped (all correct or all wrong)."""
@@ -124,7 +133,8 @@ class Collected:
 
     @property
     def short(self) -> bool:
-        """Dynamic sampling stopped at its round cap with fewer groups than wanted."""
+        """Collection stopped at its round cap with fewer groups than wanted (dynamic sampling, or
+        partial rollouts with groups still going)."""
         return self.kept_groups < self.wanted
 
 
@@ -147,22 +157,37 @@ class Collector:
         stream: where prompts come from (the same on every rank).
         sampling: G (``n``), temperature, top-p/k, L_max (``max_tokens``).
         overlong_cache_len: L_cache of eq. 13.
-        oversample, max_rounds: dynamic sampling's over-sampling factor and round cap.
+        oversample, max_rounds: dynamic sampling's over-sampling factor and round cap (with partial
+            rollouts the cap holds whether dynamic sampling is on or not).
         seed: the run's seed (every sampling seed derives from it).
         ranks: this process among the run's processes.
+        partial_len: S > 0: partial rollouts (``reasonrl.train.partial``), S tokens per response and
+            round; 0: every response generated whole in one round.
     """
 
     def __init__(self, *, spec: A.AlgoSpec, engine: Any, tokenizer: Any, scorer: Any, stream: DataStream, sampling: SamplingParams,
                  max_prompt_len: int, overlong_cache_len: int, oversample: float = 1.0, max_rounds: int = 1, seed: int = 0,
-                 ranks: Ranks | None = None) -> None:
+                 ranks: Ranks | None = None, partial_len: int = 0) -> None:
         self.spec, self.engine, self.tok, self.scorer, self.stream = spec, engine, tokenizer, scorer, stream
         self.sampling, self.max_prompt_len, self.cache_len = sampling, max_prompt_len, overlong_cache_len
         self.oversample, self.max_rounds, self.seed = oversample, max_rounds, seed
         self.ranks = ranks or Ranks()
+        self.pool = PartialPool(partial_len, sampling.max_tokens) if partial_len and partial_len < sampling.max_tokens else None
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of collection: the data position (and the partial rollouts' pool)."""
+        return {**self.stream.state(), **({"partial": self.pool.state()} if self.pool is not None else {})}
+
+    def load(self, st: dict[str, Any]) -> None:
+        self.stream.load(st)
+        if self.pool is not None:
+            self.pool.load(st.get("partial", {}))
 
     def collect(self, n_prompts: int, *, step: int = 0, dynamic: bool | None = None) -> Collected:
         """Generate until ``n_prompts`` groups (over all ranks) are kept, or the round cap is hit."""
         dynamic = self.spec.dynamic_sampling if dynamic is None else dynamic
+        if self.pool is not None:
+            return self._collect_partial(n_prompts, step=step, dynamic=dynamic)
         rank, world = self.ranks.rank, self.ranks.world
         out = Collected(groups=[], stats=RolloutStats(), wanted=n_prompts)
         mine: dict[int, list[Sample]] = {}  # draw index → this rank's kept groups
@@ -195,6 +220,87 @@ class Collector:
                 mine[g[0].group] = g
             need = n_prompts - len(selected)
         return self._close(out, selected, mine)
+
+    def _collect_partial(self, n_prompts: int, *, step: int, dynamic: bool) -> Collected:
+        """:meth:`collect` with partial rollouts: the finished groups waiting from earlier steps
+        first, then rounds of one segment (S tokens) each over the new prompts and every response
+        still going, until ``n_prompts`` groups are kept or the round cap is hit. Each round draws
+        ceil(still-needed × oversample) new prompts (no over-sampling without dynamic sampling).
+        Groups finished beyond the batch wait for the next step; responses still going stay in the
+        pool. Every rank generates its share of the round's responses and scores its share of the
+        groups it finished."""
+        from reasonrl.models.tokens import fitting_ids
+
+        pool, rank, world = self.pool, self.ranks.rank, self.ranks.world
+        assert pool is not None
+        out = Collected(groups=[], stats=RolloutStats(), wanted=n_prompts)
+        mine: dict[int, list[Sample]] = {}
+        selected: list[tuple[int, int]] = []
+        stale = 0  # kept groups begun in an earlier step
+        for i, (born, g) in enumerate(pool.take_ready(n_prompts)):
+            selected.append((g[0].group, i % world))
+            stale += born < step
+            if i % world == rank:
+                mine[g[0].group] = g
+        need = n_prompts - len(selected)
+        while need > 0 and out.rounds < self.max_rounds:
+            k = math.ceil(need * (self.oversample if dynamic else 1.0))
+            start = self.stream.drawn
+            rows, row_ids = self.stream.take(k)
+            for p, (row, rid) in enumerate(zip(rows, row_ids)):
+                text = prompt_text(row, self.tok)
+                ids = fitting_ids(text, self.tok, self.max_prompt_len)
+                if ids is None:
+                    out.stats.skipped_long_prompts += int(p % world == rank)  # (a rank counts its share, as without segments)
+                    continue
+                out.stats.prompts += int(p % world == rank)
+                pool.add(OpenGroup(draw=start + p, row=rid, born=step, prompt=text, prompt_ids=ids, pieces=[Piece() for _ in range(self.sampling.n)]))
+            work = pool.work()[rank::world]
+            params = dataclasses.replace(self.sampling, n=1, max_tokens=pool.segment, seeds=tuple(mix(self.seed, step, out.rounds, d, j) for d, j in work))
+            t0 = time.perf_counter()
+            # (called with no responses too: with --engine-tp, generate is collective over an engine group)
+            with phase("generate", len(work), unit=f"responses (up to {pool.segment} tokens each)") as bar:
+                outs = self.engine.generate([pool.prompt_of(d, j) for d, j in work], params, progress=None if bar is None else bar.generated)
+            out.stats.gen_seconds += time.perf_counter() - t0
+            done = [(d, j, list(c[0].token_ids), list(c[0].logprobs), c[0].finish_reason) for (d, j), c in zip(work, outs)]
+            out.stats.gen_tokens += sum(len(r[2]) for r in done)
+            finished = pool.apply([r for part in self.ranks.gather(done) for r in part])
+            out.rounds += 1
+            # Score this rank's share of the finished groups; then agree, as without segments.
+            ours = finished[rank::world]
+            groups = [[new_sample(self.tok, self.stream.rows[g.row], group=g.draw, prompt_index=g.row, prompt=g.prompt, prompt_ids=g.prompt_ids,
+                                  response_ids=pc.ids, logprobs=pc.logprobs, finish_reason=pc.finish) for pc in g.pieces] for g in ours]
+            flat = [s for g in groups for s in g]
+            if flat:
+                score_samples(self.scorer, flat, [self.stream.rows[g.row] for g in ours for _ in g.pieces], out.stats)
+            out.stats.samples += len(flat)
+            shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
+            out.generated.extend(flat)
+            everyone = self._agree(groups)
+            out.generated_groups += len(everyone)
+            born = {g.draw: g.born for g in finished}
+            row_of = {g.draw: g.row for g in finished}
+            for draw, _, n_corr, size, _ in everyone:
+                self.stream.visit(row_of[draw], n_corr == size)
+            surplus: list[int] = []
+            for g in groups:
+                mine[g[0].group] = g
+            for draw, owner, n_corr, size, useful in everyone:
+                if dynamic and not useful:
+                    out.drop(n_corr, size)
+                elif len(selected) < n_prompts:
+                    selected.append((draw, owner))
+                    stale += born[draw] < step
+                else:
+                    surplus.append(draw)
+            if surplus:  # finished beyond the batch: every rank keeps a copy for the next step
+                extra = [[dataclasses.replace(s, kept=True) for s in mine[d]] for d in surplus if d in mine]
+                pool.ready += sorted(((born[g[0].group], g) for part in self.ranks.gather(extra) for g in part), key=lambda bg: bg[1][0].group)
+            need = n_prompts - len(selected)
+        self._close(out, selected, mine)
+        out.partial = {"rollout/partial_open_groups": len(pool.open), "rollout/partial_open_responses": pool.open_responses,
+                       "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_stale_frac": stale / len(selected) if selected else 0.0}
+        return out
 
     def _agree(self, groups: list[list[Sample]]) -> list[tuple[int, int, int, int, bool]]:
         """What every rank generated, agreed on: (draw index, rank, #correct, G, informative) of

@@ -34,6 +34,10 @@ class StepResult:
     bad_step: bool = False  # a loss or gradient norm was not finite: the backends made no optimizer step (actor/bad_step)
 
 
+def _collection(col: Any) -> str:
+    return "dynamic sampling" if not col.partial else "collection (partial rollouts)"
+
+
 def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int, prompts_per_step: int, group_size: int,
                on_short_batch: str = "train", perf: Any = None, before_update: Callable[[], None] | None = None) -> StepResult:
     """Run one step; returns its :class:`StepResult`.
@@ -52,11 +56,11 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     col = collector.collect(prompts_per_step, step=step)
     if before_update is not None:
         before_update()
-    short = col.short and collector.spec.dynamic_sampling
+    short = col.short and (collector.spec.dynamic_sampling or bool(col.partial))  # (partial rollouts: groups still going at the round cap)
     if short:
         m["rollout/short_batch"] = 1
         if on_short_batch == "error":
-            raise ReasonRLError(f"step {step}: dynamic sampling kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
+            raise ReasonRLError(f"step {step}: {_collection(col)} kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
                                 "raise --max-gen-rounds or --oversample, or pass --on-short-batch train|skip")
         if on_short_batch == "skip":
             col.groups = []

@@ -75,6 +75,7 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
     })
     if col.retired is not None:
         m["rollout/retired_prompts"] = col.retired  # (--skip-solved-epochs)
+    m.update(col.partial)  # (--partial-rollout-len: the pool is the same on every rank)
     if st is not None:
         m["actor/entropy"] = ent_sum / ent_n if ent_n else 0.0
     return m
@@ -111,6 +112,8 @@ def log_line(step: int, steps: int, m: dict[str, Any]) -> str:
     ]
     if "critic/vf_loss" in m:
         parts.insert(5, f"vf {g('critic/vf_loss')}")
+    if "rollout/partial_open_responses" in m:  # (--partial-rollout-len: the batch's share begun earlier, the responses going on)
+        parts.insert(-2, f"stale {g('rollout/partial_stale_frac', '{:.2f}')} | going {m['rollout/partial_open_responses']}")
     return " | ".join(parts)
 
 

@@ -87,3 +87,50 @@ def test_an_odd_count_is_padded_not_dropped(tiny_model) -> None:
     assert r0["kept"] == 3 and r0["share"] == [0, 2] and r1["share"][0] == 3
     assert r0["pads"] == [False, False] and r1["pads"] == [False, True]
     assert r0["metrics"]["rollout/batch_size"] == 12  # the padding copy counts nowhere
+
+
+def _partial_worker(rank: int, world: int, port: int, model_dir: str, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from reasonrl.algos import get_algo
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.engines.hf import HFEngine
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.rewards import RewardScorer
+    from reasonrl.train.collector import Collector, DataStream
+    from reasonrl.train.step_metrics import rollout_metrics
+    from reasonrl.train.ranks import Ranks
+    from toyhelp import toy_rows
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rows = [{"prompt": [{"role": "user", "content": r["problem"]}], "reward_model": {"ground_truth": r["answer"]}} for r in toy_rows(40, seed=1)]
+    col = Collector(spec=get_algo("grpo"), engine=HFEngine(model_dir, dtype="fp32", seed=0), tokenizer=load_tokenizer(model_dir),
+                    scorer=RewardScorer(), stream=DataStream(rows, seed=0), sampling=SamplingParams(n=4, max_tokens=12), max_prompt_len=256,
+                    overlong_cache_len=2, max_rounds=10, seed=0, ranks=Ranks(rank, world), partial_len=4)
+    steps = [col.collect(4, step=s) for s in (1, 2, 3)]
+    out[rank] = {"shares": [[(g[0].group, g[0].pad) for g in c.groups] for c in steps], "state": col.state(),
+                 "metrics": [{k: v for k, v in rollout_metrics(c, None, Ranks(rank, world)).items() if not k.startswith("perf/")} for c in steps],
+                 "tokens": sum(c.stats.gen_tokens for c in steps)}
+    dist.destroy_process_group()
+
+
+def test_two_ranks_share_one_partial_rollout_pool(format_model) -> None:
+    """--partial-rollout-len over 2 processes: the pool (responses going on, groups waiting) is the
+    same on both ranks, each step's batch is shared equally, and no group is trained on twice."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_partial_worker, args=(2, port, str(format_model), out), nprocs=2, join=True)
+    r0, r1 = out[0], out[1]
+    assert r0["state"] == r1["state"] and r0["metrics"] == r1["metrics"]
+    trained = [d for r in (r0, r1) for share in r["shares"] for d, pad in share if not pad]
+    assert len(trained) == len(set(trained)) == 12 and all(len(a) == len(b) == 2 for a, b in zip(r0["shares"], r1["shares"]))
+    pool = r0["state"]["partial"]
+    going = sum(len(ids) for g in pool["open"] for ids, _, _ in g["pieces"])
+    finished = sum(m["rollout/response_length_mean"] * m["rollout/ds_generated_groups"] * 4 for m in r0["metrics"] if "rollout/response_length_mean" in m)
+    assert r0["tokens"] + r1["tokens"] == pytest.approx(finished + going)  # every token decoded on either rank is in a response

@@ -1,0 +1,124 @@
+"""Partial rollouts (``train --partial-rollout-len S``): responses generated S tokens at a time, a
+response still going when its step's batch is full continued in the next step.
+
+Why: with long chains of thought the response lengths are heavy-tailed, and a synchronous step
+waits for its longest response. Its last decode steps carry a handful of rows, each paying the
+engine's whole fixed per-step cost, so the cost per generated token grows with L_max (issue 24,
+``bench/README.md``). Cutting generation into segments of S tokens bounds every engine call at S
+decode steps; the rows of a segment are the new groups plus the responses still going, so the
+batch stays full. This is Kimi k1.5's partial rollout (§2.6.2; slime's ``--partial-rollout``).
+
+What it changes: a response continued in a later step was sampled by more than one policy, its
+first tokens by an older one. Its sampling log-probabilities are kept per token as the engine
+reported them, so the rollout/trainer mismatch and truncated importance sampling (``--algo`` rows
+with ``tis_cap``) see, and correct, exactly that. ``rollout/partial_stale_frac`` says how much of
+each batch began in an earlier step.
+
+The pool is the same on every rank (each round's new tokens are gathered), so one state describes
+it, and it is saved in the checkpoint beside the data position: a resumed run continues the same
+responses with the same seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from reasonrl.rollouts import Sample
+
+IN_PROGRESS = ""
+
+
+@dataclass
+class Piece:
+    """One response so far: its tokens, their sampling log-probs, and how it ended ("stop": EOS or a
+    stop token; "length": L_max reached; "" while it goes on)."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str = IN_PROGRESS
+
+
+@dataclass
+class OpenGroup:
+    """A prompt's G responses while any of them goes on. ``draw``: the prompt's draw index in the
+    data stream (its group id); ``row``: its index in the stream's rows; ``born``: the step that
+    began it."""
+
+    draw: int
+    row: int
+    born: int
+    prompt: str
+    prompt_ids: list[int]
+    pieces: list[Piece]
+
+    @property
+    def done(self) -> bool:
+        return all(p.finish for p in self.pieces)
+
+
+class PartialPool:
+    """The responses in progress and the finished groups waiting for a batch, across steps.
+
+    Args:
+        segment: S, the most tokens one engine call adds to a response (divides L_max).
+        max_len: L_max; a response that reaches it is finished ("length"), as without segments.
+    """
+
+    def __init__(self, segment: int, max_len: int) -> None:
+        if segment < 1 or max_len % segment:
+            raise ValueError(f"the segment length ({segment}) must divide L_max ({max_len})")
+        self.segment, self.max_len = segment, max_len
+        self.open: dict[int, OpenGroup] = {}  # draw index → group in progress
+        self.ready: list[tuple[int, list[Sample]]] = []  # (born, scored group) finished and kept, not yet trained on, in draw order
+
+    def add(self, group: OpenGroup) -> None:
+        self.open[group.draw] = group
+
+    def work(self) -> list[tuple[int, int]]:
+        """The responses to continue, (draw, sample index) in draw order."""
+        return [(d, j) for d in sorted(self.open) for j, p in enumerate(self.open[d].pieces) if not p.finish]
+
+    def prompt_of(self, draw: int, j: int) -> list[int]:
+        """What the engine continues: the prompt followed by the response so far."""
+        g = self.open[draw]
+        return g.prompt_ids + g.pieces[j].ids
+
+    def apply(self, results: list[tuple[int, int, list[int], list[float], str]]) -> list[OpenGroup]:
+        """Add one segment's output, ``(draw, j, token ids, log-probs, engine finish reason)`` per
+        response; returns the groups it finished (taken out of the pool), in draw order.
+
+        An engine "length" is the segment's end, not the response's: the response goes on unless it
+        reached L_max."""
+        for draw, j, ids, logprobs, reason in results:
+            p = self.open[draw].pieces[j]
+            if len(ids) > self.segment:
+                raise RuntimeError(f"the engine returned {len(ids)} tokens for a segment of {self.segment}")
+            p.ids += list(ids)
+            p.logprobs += list(logprobs)
+            p.finish = "stop" if reason != "length" else ("length" if len(p.ids) >= self.max_len else IN_PROGRESS)
+        done = [d for d in sorted(self.open) if self.open[d].done]
+        return [self.open.pop(d) for d in done]
+
+    def take_ready(self, k: int) -> list[tuple[int, list[Sample]]]:
+        """Up to ``k`` finished groups, oldest draw first (``(born, group)``)."""
+        got, self.ready = self.ready[:k], self.ready[k:]
+        return got
+
+    @property
+    def open_responses(self) -> int:
+        return sum(not p.finish for g in self.open.values() for p in g.pieces)
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able, for checkpoints (and to put the pool back when a step is abandoned)."""
+        return {"open": [{"draw": g.draw, "row": g.row, "born": g.born, "prompt": g.prompt, "prompt_ids": list(g.prompt_ids),
+                          "pieces": [[list(p.ids), list(p.logprobs), p.finish] for p in g.pieces]} for g in self.open.values()],
+                "ready": [[born, [dataclasses.asdict(s) for s in grp]] for born, grp in self.ready]}
+
+    def load(self, st: dict[str, Any]) -> None:
+        self.open = {}
+        for g in st.get("open", []):
+            self.add(OpenGroup(draw=int(g["draw"]), row=int(g["row"]), born=int(g["born"]), prompt=g["prompt"], prompt_ids=list(g["prompt_ids"]),
+                               pieces=[Piece(list(ids), list(lps), fin) for ids, lps, fin in g["pieces"]]))
+        self.ready = [(int(born), [Sample(**s) for s in grp]) for born, grp in st.get("ready", [])]

@@ -1,0 +1,68 @@
+"""`reasonrl train --partial-rollout-len`: responses generated a segment at a time and carried
+across steps, their metrics, the pool in the checkpoint, and a run resumed from a middle checkpoint
+equal to the uninterrupted one (the same responses continued with the same seeds, the same weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clihelp import assert_same_run, assert_user_error, crashed_copy, run_cli
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["--engine", "hf", "--dtype", "fp32", "--group-size", "4", "--max-response-len", "8", "--seed", "0", "--prompts-per-step", "2",
+         "--mini-batch-size", "8", "--micro-batch-size", "4", "--overlong-cache-len", "2", "--lr", "1e-3"]
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
+
+
+def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepared, format_model, tmp_path):
+    args = ["train", "--model", format_model, "--data", prepared, "--steps", "4", "--save-every", "1", "--partial-rollout-len", "2", *SMALL]
+    full = tmp_path / "full"
+    r = run_cli(*args, "--out", full)
+    assert r.exit_code == 0, r.output
+    lines = _lines(full)
+    assert all(0 <= m["rollout/partial_stale_frac"] <= 1 and m["rollout/response_length_max"] <= 8 for m in lines)
+    # Every response needs several segments of 2 tokens ("Answer: d" and EOS), so each step leaves
+    # responses going, and the pool goes into the checkpoint.
+    assert all(m["rollout/partial_open_responses"] > 0 for m in lines)
+    st = json.loads((full / "checkpoints" / "step_2" / "trainer_state.json").read_text())
+    assert len(st["data"]["partial"]["open"]) == lines[1]["rollout/partial_open_groups"] > 0
+    assert json.loads((full / "config.json").read_text())["partial_rollout_len"] == 2
+
+    out = tmp_path / "resumed"  # a run that crashed after step 2
+    crashed_copy(full, out, step=2, steps=4)
+    r = run_cli(*args, "--out", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert_same_run(full, out)
+
+
+def test_a_segment_that_does_not_divide_l_max_is_refused(prepared, format_model, tmp_path):
+    r = run_cli("train", "--model", format_model, "--data", prepared, "--out", tmp_path / "x", "--steps", "1", "--partial-rollout-len", "3", *SMALL)
+    assert_user_error(r, "partial_rollout_len must divide max_response_len (8)")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.vllm
+def test_vllm_continues_the_same_responses_after_a_resume(prepared, format_model, tmp_path):
+    """The vLLM engine with partial rollouts: responses are continued from their token ids, and a
+    resumed run continues the same ones into the same tokens (fp32 on CPU, per-request seeds)."""
+    pytest.importorskip("vllm")
+    import pyarrow.parquet as pq
+
+    args = ["train", "--model", format_model, "--data", prepared, "--save-every", "1", "--keep-rollouts", "--partial-rollout-len", "2",
+            *[a if a != "hf" else "vllm" for a in SMALL]]
+    assert run_cli(*args, "--out", tmp_path / "a", "--steps", "3").exit_code == 0
+    assert run_cli(*args, "--out", tmp_path / "b", "--steps", "1").exit_code == 0
+    r = run_cli(*args, "--out", tmp_path / "b", "--steps", "3", "--resume")
+    assert r.exit_code == 0, r.output
+    rows = lambda d, s: pq.read_table(d / "rollouts" / f"step_{s}.parquet").to_pylist()  # noqa: E731
+    for s in (2, 3):
+        assert [(x["group"], x["response_ids"]) for x in rows(tmp_path / "a", s)] == [(x["group"], x["response_ids"]) for x in rows(tmp_path / "b", s)]
+    assert any(x["length"] > 2 for s in (1, 2, 3) for x in rows(tmp_path / "a", s))  # (responses of several segments)
+    assert [m["rollout/partial_open_responses"] for m in _lines(tmp_path / "a")][1:] == [m["rollout/partial_open_responses"] for m in _lines(tmp_path / "b")][1:]

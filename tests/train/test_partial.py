@@ -1,0 +1,132 @@
+"""Partial rollouts (``reasonrl.train.partial``, ``train --partial-rollout-len``): the pool's
+bookkeeping, and the collector with the tiny format-taught model's real generation (HF engine,
+fp32): responses continued segment by segment are conditioned on their own earlier tokens, no
+token and no group is lost or used twice across steps, and a pool saved and loaded continues
+exactly as one that never stopped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from reasonrl.train.partial import OpenGroup, PartialPool, Piece
+
+
+def _group(draw: int, n: int = 2) -> OpenGroup:
+    return OpenGroup(draw=draw, row=draw, born=1, prompt="p", prompt_ids=[1, 2], pieces=[Piece() for _ in range(n)])
+
+
+def test_a_segment_length_is_not_the_end_of_a_response() -> None:
+    pool = PartialPool(4, 12)
+    pool.add(_group(5))
+    pool.add(_group(3))
+    assert pool.work() == [(3, 0), (3, 1), (5, 0), (5, 1)]  # draw order
+    done = pool.apply([(3, 0, [7, 7, 7, 7], [-.1] * 4, "length"), (3, 1, [8], [-.2], "stop"), (5, 0, [9, 9], [-.3] * 2, "stop"),
+                       (5, 1, [6, 6, 6], [-.4] * 3, "stop")])
+    assert [g.draw for g in done] == [5] and [p.finish for p in done[0].pieces] == ["stop", "stop"]
+    assert pool.work() == [(3, 0)] and pool.prompt_of(3, 0) == [1, 2, 7, 7, 7, 7] and pool.open_responses == 1
+    saved = json.loads(json.dumps(pool.state()))
+    assert pool.apply([(3, 0, [7] * 4, [-.1] * 4, "length")]) == []  # 8 of 12: still going
+    done = pool.apply([(3, 0, [7] * 4, [-.1] * 4, "length")])  # 12 = L_max: cut, as without segments
+    assert [p.finish for p in done[0].pieces] == ["length", "stop"] and len(done[0].pieces[0].ids) == 12 and not pool.open
+    again = PartialPool(4, 12)
+    again.load(saved)
+    assert again.state() == saved and again.work() == [(3, 0)]
+
+
+def test_the_segment_must_divide_l_max_and_bound_the_engine() -> None:
+    with pytest.raises(ValueError, match="divide"):
+        PartialPool(5, 12)
+    pool = PartialPool(4, 12)
+    pool.add(_group(0, 1))
+    with pytest.raises(RuntimeError, match="5 tokens for a segment of 4"):
+        pool.apply([(0, 0, [1] * 5, [0.0] * 5, "length")])
+
+
+def test_the_option_is_checked():
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.stages.train import TrainConfig
+
+    with pytest.raises((ReasonRLError, ValueError), match="divide max_response_len"):
+        TrainConfig(max_response_len=12, partial_rollout_len=5)
+    assert TrainConfig(max_response_len=12, partial_rollout_len=4).partial_rollout_len == 4
+
+
+def _collector(model_dir, *, partial: int, algo: str = "grpo", seed: int = 0):
+    from reasonrl.algos import get_algo
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.engines.hf import HFEngine
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.rewards import RewardScorer
+    from reasonrl.train.collector import Collector, DataStream
+    from toyhelp import toy_rows
+
+    rows = [{"prompt": [{"role": "user", "content": r["problem"]}], "reward_model": {"ground_truth": r["answer"]}} for r in toy_rows(30, seed=2)]
+    return Collector(spec=get_algo(algo), engine=HFEngine(str(model_dir), dtype="fp32", seed=0), tokenizer=load_tokenizer(model_dir),
+                     scorer=RewardScorer(), stream=DataStream(rows, seed=seed), sampling=SamplingParams(n=4, max_tokens=12), max_prompt_len=256,
+                     overlong_cache_len=2, oversample=1.0, max_rounds=10, seed=seed, ranks=None, partial_len=partial)
+
+
+def _record(col) -> dict:
+    return {"groups": [[(s.group, s.response_ids, s.logprobs, s.finish_reason, s.reward, s.kept) for s in g] for g in col.groups],
+            "generated": [(s.group, s.response_ids) for s in col.generated], "tokens": col.stats.gen_tokens, "rounds": col.rounds,
+            "partial": col.partial}
+
+
+@pytest.mark.slow
+def test_continued_responses_are_conditioned_on_their_own_tokens(format_model) -> None:
+    """The log-probs the engine reported segment by segment are the model's log-probs of the whole
+    response given the prompt (teacher-forced, one forward): each segment continued the response."""
+    from reasonrl.models.loading import load_causal_lm
+
+    torch.manual_seed(0)
+    col = _collector(format_model, partial=4)
+    got = col.collect(3, step=1)
+    samples = [s for g in got.groups for s in g]
+    long = [s for s in samples if s.length > 4]
+    assert long, "no response needed a second segment"
+    assert all(s.length <= 12 and len(s.logprobs) == s.length and s.truncated == (s.finish_reason == "length") for s in samples)
+    assert all((s.length == 12) == s.truncated for s in samples)
+    model = load_causal_lm(format_model).eval()
+    for s in long:
+        ids = torch.tensor([s.prompt_ids + s.response_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, len(s.prompt_ids) - 1:-1].float(), -1)
+        ref = logp.gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_no_token_or_group_is_lost_or_used_twice_and_a_loaded_pool_goes_on_exactly(format_model) -> None:
+    torch.manual_seed(0)
+    col = _collector(format_model, partial=4)
+    steps = [col.collect(2, step=s) for s in (1, 2, 3, 4)]
+    trained = [g[0].group for c in steps for g in c.groups]
+    assert len(trained) == len(set(trained)) == 8 and all(len(c.groups) == 2 for c in steps)
+    waiting = [g[0].group for _, g in col.pool.ready]
+    assert sorted(trained + waiting + list(col.pool.open)) == list(range(col.stream.drawn))  # every drawn prompt: trained, waiting or going
+    finished = sum(s.length for c in steps for s in c.generated)
+    going = sum(len(p.ids) for g in col.pool.open.values() for p in g.pieces)
+    assert sum(c.stats.gen_tokens for c in steps) == finished + going  # every decoded token is in a response
+    assert any(c.partial["rollout/partial_stale_frac"] > 0 for c in steps), "no group was carried into a later step"
+    assert all(c.rounds >= 1 or c.partial["rollout/partial_ready_groups"] >= 0 for c in steps)
+
+    torch.manual_seed(0)
+    a = _collector(format_model, partial=4)
+    a.collect(2, step=1)
+    saved = json.loads(json.dumps(a.state()))  # (through JSON, as in a checkpoint)
+    b = _collector(format_model, partial=4)
+    b.load(saved)
+    assert [_record(b.collect(2, step=s)) for s in (2, 3, 4)] == [_record(c) for c in steps[1:]]
+
+
+@pytest.mark.slow
+def test_a_segment_of_l_max_is_the_plain_collector(format_model) -> None:
+    """--partial-rollout-len equal to L_max turns nothing on: the same draws and tokens as without it."""
+    torch.manual_seed(0)
+    plain = _record(_collector(format_model, partial=0).collect(2, step=1))
+    torch.manual_seed(0)
+    col = _collector(format_model, partial=12)
+    assert col.pool is None and _record(col.collect(2, step=1)) == plain
