@@ -130,3 +130,16 @@ def test_a_segment_of_l_max_is_the_plain_collector(format_model) -> None:
     torch.manual_seed(0)
     col = _collector(format_model, partial=12)
     assert col.pool is None and _record(col.collect(2, step=1)) == plain
+
+
+@pytest.mark.slow
+def test_a_step_abandoned_and_collected_again_is_the_same_step(format_model) -> None:
+    """What `train` does when a signal comes while a step collects: the state taken before the step
+    is loaded back (in memory, not through a file), and the step collected again draws the same."""
+    torch.manual_seed(0)
+    col = _collector(format_model, partial=4)
+    col.collect(2, step=1)
+    before = col.state()
+    first = _record(col.collect(2, step=2))
+    col.load(before)
+    assert col.state() == before and _record(col.collect(2, step=2)) == first
