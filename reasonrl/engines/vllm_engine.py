@@ -163,9 +163,7 @@ class VLLMEngine:
         self._shm_token: str | None = None  # the group's name for its CPU shared memory (tensor parallel inside a torchrun job)
         self._calls = 0
         if enforce_eager is None:
-            dist = torch.distributed
-            processes = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            enforce_eager = not compiled_by_default(on_gpu=on_gpu, processes=processes, tensor_parallel_size=self.tp,
+            enforce_eager = not compiled_by_default(on_gpu=on_gpu, processes=_job_processes(), tensor_parallel_size=self.tp,
                                                     expected_decode_steps=expected_decode_steps)
         self.compiled = not enforce_eager
         if self.compiled and not on_gpu:
@@ -261,7 +259,7 @@ class VLLMEngine:
         self._owns_dist = not (dist.is_available() and dist.is_initialized())
         # Workers in this process (weights can go by reference), unless vLLM starts its own (TP in one process).
         self._workers_in_process = self.tp == 1
-        if not self._owns_dist and dist.get_world_size() > 1:
+        if _job_processes() > 1:
             kw["distributed_executor_backend"] = "external_launcher"
             self._workers_in_process = True
             # vLLM reads these (torchrun / the DeepSpeed launcher set them; mp.spawn does not).
@@ -499,6 +497,13 @@ class ProgressHook:
 
 _OPEN_ENGINES: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()  # this process's engines not yet closed
 _FIRST_ENGINE_THREADS: int | None = None  # torch's thread count when this process built its first CPU engine
+
+
+def _job_processes() -> int:
+    """The processes of the job this engine runs in: torch.distributed's world size, 1 outside one."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _guard_cpu_gemms() -> None:
