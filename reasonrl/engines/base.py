@@ -123,9 +123,14 @@ class EngineOptions:
 # Helpers every engine may use
 
 
+def engine_compiled(engine: Any) -> bool:
+    """Whether the engine compiled its model (vLLM's torch.compile; False for engines that never do)."""
+    return bool(getattr(engine, "compiled", False))
+
+
 def engine_label(engine: Any) -> str:
     """The engine's name for the console, "(compiled)" added where it compiled its model."""
-    return f"{engine.name} (compiled)" if getattr(engine, "compiled", False) else engine.name
+    return f"{engine.name} (compiled)" if engine_compiled(engine) else engine.name
 
 
 def model_config(model_dir: str | Path) -> dict[str, Any]:

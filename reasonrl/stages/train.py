@@ -257,7 +257,7 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
 def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -> dict[str, Any]:
     from rich.console import Console
 
-    from reasonrl.engines.base import engine_label
+    from reasonrl.engines.base import engine_compiled, engine_label
     from reasonrl.engines.registry import make_engine
     from reasonrl.interrupts import Interrupted, StepAbandoned
     from reasonrl.models import lora as L
@@ -372,7 +372,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         best.load(val_state)
     if rank == 0:
         write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name,
-                                      "engine_compiled": getattr(engine, "compiled", False), "world_size": world})
+                                      "engine_compiled": engine_compiled(engine), "world_size": world})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine_label(engine)} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts"
                       + (f" | {L.trainable_line(policy)}" if lora is not None else ""))
     perf = None if cfg.peak_flops == 0 else StepPerf.for_model(
