@@ -108,6 +108,10 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
         check(self.skip_solved_epochs >= 0, "skip_solved_epochs must be >= 0 (0 = never)")
         check(self.partial_rollout_len >= 0 and (self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0),
               f"partial_rollout_len must divide max_response_len ({self.max_response_len}), e.g. {self.max_response_len // 8 or 1} (0 = off)")
+        segments = self.max_response_len // self.partial_rollout_len if self.partial_rollout_len else 0
+        check(self.max_gen_rounds >= segments, f"with --partial-rollout-len {self.partial_rollout_len} a round is one segment, and a response of "
+              f"max_response_len ({self.max_response_len}) takes {segments}: raise --max-gen-rounds to {segments} or more (it is {self.max_gen_rounds}), "
+              "or lengthen the segment, or the first step could finish no group whose longest response runs to the cap")
 
     def algo_spec(self) -> A.AlgoSpec:
         """The --algo row with this run's overrides applied."""

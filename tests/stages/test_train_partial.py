@@ -66,3 +66,10 @@ def test_vllm_continues_the_same_responses_after_a_resume(prepared, format_model
         assert [(x["group"], x["response_ids"]) for x in rows(tmp_path / "a", s)] == [(x["group"], x["response_ids"]) for x in rows(tmp_path / "b", s)]
     assert any(x["length"] > 2 for s in (1, 2, 3) for x in rows(tmp_path / "a", s))  # (responses of several segments)
     assert [m["rollout/partial_open_responses"] for m in _lines(tmp_path / "a")][1:] == [m["rollout/partial_open_responses"] for m in _lines(tmp_path / "b")][1:]
+
+
+def test_a_round_cap_below_the_segments_of_l_max_is_refused(prepared, format_model, tmp_path):
+    r = run_cli("train", "--model", format_model, "--data", prepared, "--out", tmp_path / "x", "--steps", "1", "--partial-rollout-len", "2",
+                "--max-gen-rounds", "3", *SMALL)
+    assert_user_error(r, "takes 4", "raise --max-gen-rounds to 4 or more")
+    assert not (tmp_path / "x").exists()
