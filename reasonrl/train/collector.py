@@ -119,8 +119,9 @@ class Collected:
     generated: list[Sample] = field(default_factory=list)
     rounds: int = 0
     wanted: int = 0  # groups asked for, over all ranks
-    generated_groups: int = 0
+    generated_groups: int = 0  # groups finished in this step's rounds
     kept_groups: int = 0
+    carried_groups: int = 0  # groups finished in an earlier step, taken into this batch first (--partial-rollout-len)
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
     retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
@@ -242,6 +243,7 @@ class Collector:
             stale += born < step
             if i % world == rank:
                 mine[g[0].group] = g
+        out.carried_groups = len(selected)
         need = n_prompts - len(selected)
         while need > 0 and out.rounds < self.max_rounds:
             k = math.ceil(need * (self.oversample if dynamic else 1.0))
@@ -299,7 +301,8 @@ class Collector:
             need = n_prompts - len(selected)
         self._close(out, selected, mine)
         out.partial = {"rollout/partial_open_groups": len(pool.open), "rollout/partial_open_responses": pool.open_responses,
-                       "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_stale_frac": stale / len(selected) if selected else 0.0}
+                       "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_carried_groups": out.carried_groups,
+                       "rollout/partial_stale_frac": stale / len(selected) if selected else 0.0}
         return out
 
     def _agree(self, groups: list[list[Sample]]) -> list[tuple[int, int, int, int, bool]]:

@@ -27,7 +27,7 @@ def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepar
     r = run_cli(*args, "--out", full)
     assert r.exit_code == 0, r.output
     lines = _lines(full)
-    assert all(0 <= m["rollout/partial_stale_frac"] <= 1 and m["rollout/response_length_max"] <= 8 for m in lines)
+    assert all(0 <= m["rollout/partial_stale_frac"] <= 1 and 0 <= m["rollout/ds_kept_frac"] <= 1 and m["rollout/response_length_max"] <= 8 for m in lines)
     # Every response needs several segments of 2 tokens ("Answer: d" and EOS), so each step leaves
     # responses going, and the pool goes into the checkpoint.
     assert all(m["rollout/partial_open_responses"] > 0 for m in lines)

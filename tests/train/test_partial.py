@@ -111,7 +111,9 @@ def test_no_token_or_group_is_lost_or_used_twice_and_a_loaded_pool_goes_on_exact
     going = sum(len(p.ids) for g in col.pool.open.values() for p in g.pieces)
     assert sum(c.stats.gen_tokens for c in steps) == finished + going  # every decoded token is in a response
     assert any(c.partial["rollout/partial_stale_frac"] > 0 for c in steps), "no group was carried into a later step"
-    assert all(c.rounds >= 1 or c.partial["rollout/partial_ready_groups"] >= 0 for c in steps)
+    assert sum(c.generated_groups for c in steps) == len(trained) + len(waiting)  # a finished group is counted in the step it finished
+    assert [c.carried_groups for c in steps] == [c.partial["rollout/partial_carried_groups"] for c in steps] and any(c.carried_groups for c in steps)
+    assert all(c.kept_groups <= c.generated_groups + c.carried_groups for c in steps)  # (rollout/ds_kept_frac <= 1)
 
     torch.manual_seed(0)
     a = _collector(format_model, partial=4)
