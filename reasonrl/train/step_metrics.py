@@ -106,7 +106,8 @@ def log_line(step: int, steps: int, m: dict[str, Any]) -> str:
         f"clip↓ {g('actor/clipfrac_lower', '{:.4f}')}",
         f"len {g('rollout/response_length_mean', '{:.0f}')}",
         f"trunc {g('rollout/truncated_frac', '{:.2f}')}",
-        f"kept {m.get('rollout/ds_kept_groups', '-')}/{m.get('rollout/ds_generated_groups', '-')} ({m.get('rollout/ds_rounds', '-')} rnd)",
+        f"kept {m.get('rollout/ds_kept_groups', '-')}/{m.get('rollout/ds_generated_groups', '-')}"
+        + (f"+{m['rollout/partial_carried_groups']} carried" if m.get("rollout/partial_carried_groups") else "") + f" ({m.get('rollout/ds_rounds', '-')} rnd)",
         f"gen {g('perf/gen_tokens_per_s', '{:.0f}')} tok/s",
         f"train {g('perf/train_tokens_per_s', '{:.0f}')} tok/s",
     ]

@@ -145,3 +145,13 @@ def test_a_step_abandoned_and_collected_again_is_the_same_step(format_model) -> 
     first = _record(col.collect(2, step=2))
     col.load(before)
     assert col.state() == before and _record(col.collect(2, step=2)) == first
+
+
+def test_the_console_line_names_the_carried_groups() -> None:
+    from reasonrl.train.step_metrics import log_line
+
+    plain = {"rollout/ds_kept_groups": 4, "rollout/ds_generated_groups": 6, "rollout/ds_rounds": 1}
+    assert "kept 4/6 (1 rnd)" in log_line(1, 8, plain)
+    carried = {"rollout/ds_kept_groups": 4, "rollout/ds_generated_groups": 0, "rollout/ds_rounds": 0, "rollout/partial_carried_groups": 4,
+               "rollout/partial_open_responses": 35, "rollout/partial_stale_frac": 1.0}
+    assert "kept 4/0+4 carried (0 rnd)" in log_line(5, 8, carried) and "stale 1.00 | going 35" in log_line(5, 8, carried)
