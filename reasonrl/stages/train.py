@@ -454,7 +454,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 log_validation(step, per_problem)
                 if res.short_batch:
                     done = "update skipped" if res.skipped_update else "trained on them"
-                    display.print(f"[yellow]step {step}: {'collection (partial rollouts)' if 'rollout/partial_open_groups' in m else 'dynamic sampling'} kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
+                    display.print(f"[yellow]step {step}: {res.collection} kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
                                            f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     display.print(log_line(step, cfg.steps, m))

@@ -127,6 +127,11 @@ class Collected:
     retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
     partial: dict[str, float] = field(default_factory=dict)  # the rollout/partial_… metrics (--partial-rollout-len; empty when off)
 
+    @property
+    def label(self) -> str:
+        """What collected this batch, for messages."""
+        return "collection (partial rollouts)" if self.partial else "dynamic sampling"
+
     def drop(self, n_correct: int, size: int) -> None:
         """Count a group dynamic sampling dropped (all correct or all wrong)."""
         self.dropped_all_correct += int(n_correct == size)
@@ -297,7 +302,7 @@ class Collector:
                     surplus.append(draw)
             if surplus:  # finished beyond the batch: every rank keeps a copy for the next step
                 extra = [[dataclasses.replace(s, kept=True) for s in mine[d]] for d in surplus if d in mine]
-                pool.ready += sorted(((born[g[0].group], g) for part in self.ranks.gather(extra) for g in part), key=lambda bg: bg[1][0].group)
+                pool.defer(sorted(((born[g[0].group], g) for part in self.ranks.gather(extra) for g in part), key=lambda bg: bg[1][0].group))
             need = n_prompts - len(selected)
         self._close(out, selected, mine)
         out.partial = {"rollout/partial_open_groups": len(pool.open), "rollout/partial_open_responses": pool.open_responses,

@@ -101,6 +101,11 @@ class PartialPool:
         done = [d for d in sorted(self.open) if self.open[d].done]
         return [self.open.pop(d) for d in done]
 
+    def defer(self, groups: list[tuple[int, list[Sample]]]) -> None:
+        """Finished groups, ``(born, group)`` in draw order, to wait for the next step's batch (after
+        those already waiting)."""
+        self.ready += groups
+
     def take_ready(self, k: int) -> list[tuple[int, list[Sample]]]:
         """Up to ``k`` finished groups, oldest draw first (``(born, group)``)."""
         got, self.ready = self.ready[:k], self.ready[k:]

@@ -29,13 +29,10 @@ class StepResult:
 
     metrics: dict[str, Any]
     samples: list[Sample]
-    short_batch: bool = False  # dynamic sampling hit its round cap with the batch not full (rollout/short_batch)
+    short_batch: bool = False  # collection hit its round cap with the batch not full (rollout/short_batch)
+    collection: str = "dynamic sampling"  # what collected the batch (partial rollouts or dynamic sampling), for the short-batch message
     skipped_update: bool = False  # no update this step: nothing kept, or --on-short-batch skip (actor/skipped_update)
     bad_step: bool = False  # a loss or gradient norm was not finite: the backends made no optimizer step (actor/bad_step)
-
-
-def _collection(col: Any) -> str:
-    return "dynamic sampling" if not col.partial else "collection (partial rollouts)"
 
 
 def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int, prompts_per_step: int, group_size: int,
@@ -60,7 +57,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     if short:
         m["rollout/short_batch"] = 1
         if on_short_batch == "error":
-            raise ReasonRLError(f"step {step}: {_collection(col)} kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
+            raise ReasonRLError(f"step {step}: {col.label} kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
                                 "raise --max-gen-rounds or --oversample, or pass --on-short-batch train|skip")
         if on_short_batch == "skip":
             col.groups = []
@@ -69,7 +66,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         m["actor/skipped_update"] = 1
         if learner.policy_backend is not None:
             learner.policy_backend.scheduler_step()
-        return StepResult(m, col.generated, short_batch=short, skipped_update=True)
+        return StepResult(m, col.generated, short_batch=short, collection=col.label, skipped_update=True)
 
     # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights. With
     #    one update per batch the old log-probs are the update's own forward, detached (Learner).
@@ -114,4 +111,4 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m["perf/step_s"] = time.perf_counter() - t_step
     m.update(peak_memory())
     m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)
-    return StepResult(m, col.generated, short_batch=short, bad_step=bad)
+    return StepResult(m, col.generated, short_batch=short, collection=col.label, bad_step=bad)
