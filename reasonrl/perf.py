@@ -113,7 +113,7 @@ class StepCounts:
     gen_prompts: float  # distinct prompts generated from (every dynamic-sampling round)
     gen_rows: float  # responses generated
     gen_tokens: float  # response tokens generated
-    decode_steps: int  # the longest response: the batch decoded at least this many steps
+    decode_steps: int  # the longest response: the batch decoded at least this many steps (partial rollouts: the rounds' engine steps)
     prompt_len: float  # mean prompt tokens
     train_prompts: float  # groups trained on
     train_rows: float  # responses trained on
@@ -143,7 +143,7 @@ class StepCounts:
                 raise ValueError("this step dropped groups and its metrics have no rollout/prompt_length_mean: give the prompt length")
             p = (m["perf/train_tokens"] - m["rollout/gen_tokens"] / world) / rows
         return cls(gen_prompts=gen_prompts, gen_rows=gen_prompts * group_size, gen_tokens=m["rollout/gen_tokens"] / world,
-                   decode_steps=int(m.get("rollout/response_length_max") or 0), prompt_len=float(p),
+                   decode_steps=int(m.get("rollout/partial_decode_steps", m.get("rollout/response_length_max")) or 0), prompt_len=float(p),
                    train_prompts=(m.get("rollout/ds_kept_groups") or 0) / world or rows / group_size, train_rows=rows,
                    train_tokens=m["perf/train_tokens"], epochs=epochs, optimizer_steps=epochs * math.ceil(rows / (mini_batch_size or rows)),
                    old_pass=bool(m.get("perf/old_logp_pass", 1)))

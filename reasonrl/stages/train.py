@@ -35,6 +35,11 @@ from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, RolloutOp
 from reasonrl.stages.options import ScheduleOpts
 
 
+def _divisor_near(n: int, target: int) -> int:
+    """The largest divisor of ``n`` that is at most ``target`` (1 at least)."""
+    return next(d for d in range(max(target, 1), 0, -1) if n % d == 0)
+
+
 @dataclass
 class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, ValOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
@@ -46,8 +51,8 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
     steps: int = opt(20, "Training steps (each: rollout, rewards, filtering, advantages, updates).")
     prompts_per_step: int = opt(16, "Prompts per training step over all processes (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
     oversample: float = opt(1.0, "Dynamic sampling: each generation round samples ceil(oversample × still-needed) prompts.")
-    max_gen_rounds: int = opt(10, "Dynamic sampling: cap on generation rounds per step; then --on-short-batch decides.")
-    on_short_batch: str = opt("train", "When dynamic sampling hits --max-gen-rounds with the batch not full: 'train' on what was kept, 'skip' the update, or 'error' (verl raises).")
+    max_gen_rounds: int = opt(10, "Cap on generation rounds per step (dynamic sampling's rounds; with --partial-rollout-len, a round is one segment); then --on-short-batch decides.")
+    on_short_batch: str = opt("train", "When collection hits --max-gen-rounds with the batch not full (dynamic sampling, or partial rollouts with groups still going): 'train' on what was kept, 'skip' the update, or 'error' (verl raises).")
     mini_batch_size: int = opt(64, "Responses per optimizer update over all processes: a step makes ceil(batch / mini_batch_size) × ppo_epochs updates.")
     micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process (gradient accumulation inside a mini-batch).")
     ppo_epochs: int = opt(1, "Passes over the step's batch.")
@@ -107,7 +112,7 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
               "--min-pass-rate, --max-pass-rate and --unrated filter by a rollout artifact's pass rates: give --rollouts DIR too")
         check(self.skip_solved_epochs >= 0, "skip_solved_epochs must be >= 0 (0 = never)")
         check(self.partial_rollout_len >= 0 and (self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0),
-              f"partial_rollout_len must divide max_response_len ({self.max_response_len}), e.g. {self.max_response_len // 8 or 1} (0 = off)")
+              f"partial_rollout_len must divide max_response_len ({self.max_response_len}), e.g. {_divisor_near(self.max_response_len, self.max_response_len // 8)} (0 = off)")
         segments = self.max_response_len // self.partial_rollout_len if self.partial_rollout_len else 0
         check(self.max_gen_rounds >= segments, f"with --partial-rollout-len {self.partial_rollout_len} a round is one segment, and a response of "
               f"max_response_len ({self.max_response_len}) takes {segments}: raise --max-gen-rounds to {segments} or more (it is {self.max_gen_rounds}), "

@@ -122,6 +122,7 @@ class Collected:
     generated_groups: int = 0  # groups finished in this step's rounds
     kept_groups: int = 0
     carried_groups: int = 0  # groups finished in an earlier step, taken into this batch first (--partial-rollout-len)
+    deferred_groups: int = 0  # groups finished beyond this batch, trained in the next step (--partial-rollout-len)
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
     retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
@@ -131,6 +132,13 @@ class Collected:
     def label(self) -> str:
         """What collected this batch, for messages."""
         return "collection (partial rollouts)" if self.partial else "dynamic sampling"
+
+    @property
+    def kept_frac(self) -> float:
+        """The share of the groups on offer this step that its batch kept: finished in it or carried
+        into it, less those deferred to the next step (neither dropped nor kept here)."""
+        offered = self.generated_groups + self.carried_groups - self.deferred_groups
+        return self.kept_groups / offered if offered else 0.0
 
     def drop(self, n_correct: int, size: int) -> None:
         """Count a group dynamic sampling dropped (all correct or all wrong)."""
@@ -243,6 +251,8 @@ class Collector:
         mine: dict[int, list[Sample]] = {}
         selected: list[tuple[int, int]] = []
         stale = 0  # kept groups begun in an earlier step
+        decode_steps = 0  # the engine's decode steps over the step's rounds (each round: its longest segment)
+        deferred: list[int] = []  # groups finished beyond the batch (trained next step)
         for i, (born, g) in enumerate(pool.take_ready(n_prompts)):
             selected.append((g[0].group, i % world))
             stale += born < step
@@ -271,7 +281,9 @@ class Collector:
             out.stats.gen_seconds += time.perf_counter() - t0
             done = [(d, j, list(c[0].token_ids), list(c[0].logprobs), c[0].finish_reason) for (d, j), c in zip(work, outs)]
             out.stats.gen_tokens += sum(len(r[2]) for r in done)
-            finished = pool.apply([r for part in self.ranks.gather(done) for r in part])
+            everyone_done = [r for part in self.ranks.gather(done) for r in part]
+            decode_steps += max((len(r[2]) for r in everyone_done), default=0)
+            finished = pool.apply(everyone_done)
             out.rounds += 1
             # Score this rank's share of the finished groups; then agree, as without segments.
             ours = finished[rank::world]
@@ -303,10 +315,16 @@ class Collector:
             if surplus:  # finished beyond the batch: every rank keeps a copy for the next step
                 extra = [[dataclasses.replace(s, kept=True) for s in mine[d]] for d in surplus if d in mine]
                 pool.defer(sorted(((born[g[0].group], g) for part in self.ranks.gather(extra) for g in part), key=lambda bg: bg[1][0].group))
+                deferred += surplus
             need = n_prompts - len(selected)
         self._close(out, selected, mine)
+        for d in deferred:  # (--keep-rollouts: a step's file holds the responses finished in it; these are trained, one step later)
+            for smp in mine.get(d, []):
+                smp.kept = True
+        out.deferred_groups = len(deferred)
         out.partial = {"rollout/partial_open_groups": len(pool.open), "rollout/partial_open_responses": pool.open_responses,
                        "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_carried_groups": out.carried_groups,
+                       "rollout/partial_deferred_groups": out.deferred_groups, "rollout/partial_decode_steps": decode_steps,
                        "rollout/partial_stale_frac": stale / len(selected) if selected else 0.0}
         return out
 

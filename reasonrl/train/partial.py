@@ -58,6 +58,12 @@ class OpenGroup:
         return all(p.finish for p in self.pieces)
 
 
+def _sample_state(s: Sample) -> dict[str, Any]:
+    """A sample's fields, its lists copied: ``dataclasses.asdict`` goes element by element in Python,
+    80x slower on long responses, and the pool's state is taken at every step."""
+    return {f.name: (list(v) if isinstance(v := getattr(s, f.name), list) else v) for f in dataclasses.fields(s)}
+
+
 class PartialPool:
     """The responses in progress and the finished groups waiting for a batch, across steps.
 
@@ -90,14 +96,16 @@ class PartialPool:
         response; returns the groups it finished (taken out of the pool), in draw order.
 
         An engine "length" is the segment's end, not the response's: the response goes on unless it
-        reached L_max."""
+        reached L_max, or the segment came back shorter than S: then the engine stopped at its context
+        length (vLLM lowers ``max_model_len`` to what the model supports), and the response ends
+        there, "length", as without segments."""
         for draw, j, ids, logprobs, reason in results:
             p = self.open[draw].pieces[j]
             if len(ids) > self.segment:
                 raise RuntimeError(f"the engine returned {len(ids)} tokens for a segment of {self.segment}")
             p.ids += list(ids)
             p.logprobs += list(logprobs)
-            p.finish = "stop" if reason != "length" else ("length" if len(p.ids) >= self.max_len else IN_PROGRESS)
+            p.finish = "stop" if reason != "length" else ("length" if len(p.ids) >= self.max_len or len(ids) < self.segment else IN_PROGRESS)
         done = [d for d in sorted(self.open) if self.open[d].done]
         return [self.open.pop(d) for d in done]
 
@@ -119,7 +127,7 @@ class PartialPool:
         """JSON-able, for checkpoints (and to put the pool back when a step is abandoned)."""
         return {"open": [{"draw": g.draw, "row": g.row, "born": g.born, "prompt": g.prompt, "prompt_ids": list(g.prompt_ids),
                           "pieces": [[list(p.ids), list(p.logprobs), p.finish] for p in g.pieces]} for g in self.open.values()],
-                "ready": [[born, [dataclasses.asdict(s) for s in grp]] for born, grp in self.ready]}
+                "ready": [[born, [_sample_state(s) for s in grp]] for born, grp in self.ready]}
 
     def load(self, st: dict[str, Any]) -> None:
         self.open = {}

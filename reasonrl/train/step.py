@@ -25,7 +25,8 @@ from reasonrl.train.step_metrics import position_metrics, rollout_metrics
 @dataclass
 class StepResult:
     """One step's outcome: the metrics it logs, every response it generated (kept or not, for
-    --keep-rollouts), and the flags the caller acts on (each also logged as a metric, value 1)."""
+    --keep-rollouts; with partial rollouts, every response finished in it), and the flags the
+    caller acts on (each also logged as a metric, value 1)."""
 
     metrics: dict[str, Any]
     samples: list[Sample]
@@ -58,7 +59,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         m["rollout/short_batch"] = 1
         if on_short_batch == "error":
             raise ReasonRLError(f"step {step}: {col.label} kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
-                                "raise --max-gen-rounds or --oversample, or pass --on-short-batch train|skip")
+                                f"raise --max-gen-rounds{' or --oversample' if collector.spec.dynamic_sampling else ''}, or pass --on-short-batch train|skip")
         if on_short_batch == "skip":
             col.groups = []
     if not col.groups:

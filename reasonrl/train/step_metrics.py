@@ -61,7 +61,7 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
         "rollout/ds_rounds": col.rounds,
         "rollout/ds_generated_groups": col.generated_groups,
         "rollout/ds_kept_groups": col.kept_groups,
-        "rollout/ds_kept_frac": col.kept_groups / offered if (offered := col.generated_groups + col.carried_groups) else 0.0,
+        "rollout/ds_kept_frac": col.kept_frac,
         "rollout/ds_dropped_all_correct": col.dropped_all_correct,
         "rollout/ds_dropped_all_wrong": col.dropped_all_wrong,
         "rollout/gen_tokens": int(tokens),

@@ -22,7 +22,9 @@ def _lines(out: Path) -> list[dict]:
 
 
 def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepared, format_model, tmp_path):
-    args = ["train", "--model", format_model, "--data", prepared, "--steps", "4", "--save-every", "1", "--partial-rollout-len", "2", *SMALL]
+    import pyarrow.parquet as pq
+
+    args = ["train", "--model", format_model, "--data", prepared, "--steps", "4", "--save-every", "1", "--partial-rollout-len", "2", "--keep-rollouts", *SMALL]
     full = tmp_path / "full"
     r = run_cli(*args, "--out", full)
     assert r.exit_code == 0, r.output
@@ -34,6 +36,13 @@ def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepar
     st = json.loads((full / "checkpoints" / "step_2" / "trainer_state.json").read_text())
     assert len(st["data"]["partial"]["open"]) == lines[1]["rollout/partial_open_groups"] > 0
     assert json.loads((full / "config.json").read_text())["partial_rollout_len"] == 2
+    # --keep-rollouts: a step's file holds the responses finished in it, each response in one file;
+    # kept = trained (a group finished beyond its step's batch is trained in the next step).
+    files = [pq.read_table(full / "rollouts" / f"step_{s}.parquet").to_pylist() for s in (1, 2, 3, 4)]
+    groups = [x["group"] for rows in files for x in rows]
+    assert len(groups) == 4 * len(set(groups))  # (G = 4: no group in two files)
+    kept = {x["group"] for rows in files for x in rows if x["kept"]}
+    assert len(kept) == sum(m["rollout/ds_kept_groups"] for m in lines) + lines[-1]["rollout/partial_ready_groups"]  # (the last ones still waiting)
 
     out = tmp_path / "resumed"  # a run that crashed after step 2
     crashed_copy(full, out, step=2, steps=4)

@@ -34,6 +34,10 @@ def test_a_segment_length_is_not_the_end_of_a_response() -> None:
     again = PartialPool(4, 12)
     again.load(saved)
     assert again.state() == saved and again.work() == [(3, 0)]
+    # A segment cut short with "length" is the engine's context limit (vLLM lowers max_model_len to
+    # the model's): the response ends there, as it would without segments, and is not sent again.
+    done = again.apply([(3, 0, [7, 7], [-.1] * 2, "length")])
+    assert [p.finish for p in done[0].pieces] == ["length", "stop"] and len(done[0].pieces[0].ids) == 6 and not again.open
 
 
 def test_the_segment_must_divide_l_max_and_bound_the_engine() -> None:
@@ -52,6 +56,8 @@ def test_the_option_is_checked():
     with pytest.raises((ReasonRLError, ValueError), match="divide max_response_len"):
         TrainConfig(max_response_len=12, partial_rollout_len=5)
     assert TrainConfig(max_response_len=12, partial_rollout_len=4).partial_rollout_len == 4
+    with pytest.raises((ReasonRLError, ValueError), match=r"e\.g\. 10 "):  # (a value that divides 100, not 100 // 8)
+        TrainConfig(max_response_len=100, partial_rollout_len=7)
 
 
 def _collector(model_dir, *, partial: int, algo: str = "grpo", seed: int = 0):
@@ -112,8 +118,8 @@ def test_no_token_or_group_is_lost_or_used_twice_and_a_loaded_pool_goes_on_exact
     assert sum(c.stats.gen_tokens for c in steps) == finished + going  # every decoded token is in a response
     assert any(c.partial["rollout/partial_stale_frac"] > 0 for c in steps), "no group was carried into a later step"
     assert sum(c.generated_groups for c in steps) == len(trained) + len(waiting)  # a finished group is counted in the step it finished
-    assert [c.carried_groups for c in steps] == [c.partial["rollout/partial_carried_groups"] for c in steps] and any(c.carried_groups for c in steps)
-    assert all(c.kept_groups <= c.generated_groups + c.carried_groups for c in steps)  # (rollout/ds_kept_frac <= 1)
+    _assert_counts_add_up(steps, waiting)
+    assert any(c.deferred_groups for c in steps), "no group was finished beyond its batch"
 
     torch.manual_seed(0)
     a = _collector(format_model, partial=4)
@@ -122,6 +128,30 @@ def test_no_token_or_group_is_lost_or_used_twice_and_a_loaded_pool_goes_on_exact
     b = _collector(format_model, partial=4)
     b.load(saved)
     assert [_record(b.collect(2, step=s)) for s in (2, 3, 4)] == [_record(c) for c in steps[1:]]
+
+
+def _assert_counts_add_up(steps, waiting) -> None:
+    """Each step's groups on offer (finished in it, or carried into it) were kept, dropped by dynamic
+    sampling, or deferred to the next step; what one step defers the next carries."""
+    for c in steps:
+        assert c.kept_groups + c.dropped_all_correct + c.dropped_all_wrong + c.deferred_groups == c.generated_groups + c.carried_groups
+        offered = c.generated_groups + c.carried_groups - c.deferred_groups
+        assert c.kept_frac == (c.kept_groups / offered if offered else 0.0) and 0 <= c.kept_frac <= 1
+    assert sum(c.deferred_groups for c in steps) - sum(c.carried_groups for c in steps) == len(waiting)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_with_partial_rollouts_counts_every_group_once(format_model) -> None:
+    """DAPO's dynamic sampling over partial rollouts: groups all correct or all wrong are dropped
+    when they finish, the others are kept, deferred or carried, and no group is trained twice."""
+    torch.manual_seed(0)
+    col = _collector(format_model, partial=4, algo="dapo")
+    steps = [col.collect(2, step=s) for s in (1, 2, 3, 4)]
+    trained = [g[0].group for c in steps for g in c.groups]
+    assert len(trained) == len(set(trained)) == sum(c.kept_groups for c in steps)
+    assert all(0 < sum(s.correct for s in g) < len(g) for c in steps for g in c.groups)  # (only informative groups)
+    assert sum(c.dropped_all_correct + c.dropped_all_wrong for c in steps) > 0, "dynamic sampling dropped nothing"
+    _assert_counts_add_up(steps, [g[0].group for _, g in col.pool.ready])
 
 
 @pytest.mark.slow
