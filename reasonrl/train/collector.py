@@ -186,7 +186,8 @@ class Collector:
         self.sampling, self.max_prompt_len, self.cache_len = sampling, max_prompt_len, overlong_cache_len
         self.oversample, self.max_rounds, self.seed = oversample, max_rounds, seed
         self.ranks = ranks or Ranks()
-        self.pool = PartialPool(partial_len, sampling.max_tokens) if partial_len and partial_len < sampling.max_tokens else None
+        self.pool = (PartialPool(partial_len, sampling.max_tokens, context_len=getattr(engine, "max_model_len", None))  # (vLLM's; None: no known limit)
+                     if partial_len and partial_len < sampling.max_tokens else None)
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of collection: the data position (and the partial rollouts' pool)."""

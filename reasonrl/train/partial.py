@@ -70,12 +70,14 @@ class PartialPool:
     Args:
         segment: S, the most tokens one engine call adds to a response (divides L_max).
         max_len: L_max; a response that reaches it is finished ("length"), as without segments.
+        context_len: the engine's context length when it has one (prompt + response tokens); a
+            response whose prompt and tokens fill it is finished ("length"), as without segments.
     """
 
-    def __init__(self, segment: int, max_len: int) -> None:
+    def __init__(self, segment: int, max_len: int, context_len: int | None = None) -> None:
         if segment < 1 or max_len % segment:
             raise ValueError(f"the segment length ({segment}) must divide L_max ({max_len})")
-        self.segment, self.max_len = segment, max_len
+        self.segment, self.max_len, self.context_len = segment, max_len, context_len
         self.open: dict[int, OpenGroup] = {}  # draw index → group in progress
         self.ready: list[tuple[int, list[Sample]]] = []  # (born, scored group) finished and kept, not yet trained on, in draw order
 
@@ -96,16 +98,18 @@ class PartialPool:
         response; returns the groups it finished (taken out of the pool), in draw order.
 
         An engine "length" is the segment's end, not the response's: the response goes on unless it
-        reached L_max, or the segment came back shorter than S: then the engine stopped at its context
-        length (vLLM lowers ``max_model_len`` to what the model supports), and the response ends
-        there, "length", as without segments."""
+        reached L_max, or the engine's context length (the segment came back shorter than S, or the
+        prompt and response fill ``context_len``; vLLM lowers ``max_model_len`` to what the model
+        supports): then it ends there, "length", as without segments."""
         for draw, j, ids, logprobs, reason in results:
-            p = self.open[draw].pieces[j]
+            g = self.open[draw]
+            p = g.pieces[j]
             if len(ids) > self.segment:
                 raise RuntimeError(f"the engine returned {len(ids)} tokens for a segment of {self.segment}")
             p.ids += list(ids)
             p.logprobs += list(logprobs)
-            p.finish = "stop" if reason != "length" else ("length" if len(p.ids) >= self.max_len or len(ids) < self.segment else IN_PROGRESS)
+            full = len(p.ids) >= self.max_len or len(ids) < self.segment or (self.context_len is not None and len(g.prompt_ids) + len(p.ids) >= self.context_len)
+            p.finish = "stop" if reason != "length" else ("length" if full else IN_PROGRESS)
         done = [d for d in sorted(self.open) if self.open[d].done]
         return [self.open.pop(d) for d in done]
 

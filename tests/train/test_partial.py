@@ -38,6 +38,10 @@ def test_a_segment_length_is_not_the_end_of_a_response() -> None:
     # the model's): the response ends there, as it would without segments, and is not sent again.
     done = again.apply([(3, 0, [7, 7], [-.1] * 2, "length")])
     assert [p.finish for p in done[0].pieces] == ["length", "stop"] and len(done[0].pieces[0].ids) == 6 and not again.open
+    at_limit = PartialPool(4, 12, context_len=10)  # (the prompt's 2 tokens + 8: full after two whole segments)
+    at_limit.add(_group(0, 1))
+    assert at_limit.apply([(0, 0, [7] * 4, [-.1] * 4, "length")]) == []
+    assert [p.finish for g in at_limit.apply([(0, 0, [7] * 4, [-.1] * 4, "length")]) for p in g.pieces] == ["length"]
 
 
 def test_the_segment_must_divide_l_max_and_bound_the_engine() -> None:
