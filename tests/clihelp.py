@@ -29,6 +29,22 @@ def assert_user_error(result, *needles: str) -> str:
     return lines[0]
 
 
+def run_and_resume(args, whole, resumed, *, steps: int, first: int = 1) -> None:
+    """The train command ``args`` run to ``steps`` in ``whole``; and in ``resumed`` run to step
+    ``first``, then resumed to ``steps``."""
+    assert run_cli(*args, "--out", whole, "--steps", str(steps)).exit_code == 0
+    assert run_cli(*args, "--out", resumed, "--steps", str(first)).exit_code == 0
+    r = run_cli(*args, "--out", resumed, "--steps", str(steps), "--resume")
+    assert r.exit_code == 0, r.output
+
+
+def step_rollouts(run, step: int) -> list[dict]:
+    """A train run's ``rollouts/step_N.parquet`` (--keep-rollouts), its rows."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(run / "rollouts" / f"step_{step}.parquet").to_pylist()
+
+
 def crashed_copy(full, out, *, step: int, steps: int) -> None:
     """``out``: a copy of the finished train run ``full`` as if it had crashed right after
     checkpointing step ``step`` (of ``steps``, one checkpoint per step): the later checkpoints and

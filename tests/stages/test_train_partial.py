@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import assert_same_run, assert_user_error, crashed_copy, run_cli
+from clihelp import assert_same_run, assert_user_error, crashed_copy, run_and_resume, run_cli, step_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +22,6 @@ def _lines(out: Path) -> list[dict]:
 
 
 def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepared, format_model, tmp_path):
-    import pyarrow.parquet as pq
-
     args = ["train", "--model", format_model, "--data", prepared, "--steps", "4", "--save-every", "1", "--partial-rollout-len", "2", "--keep-rollouts", *SMALL]
     full = tmp_path / "full"
     r = run_cli(*args, "--out", full)
@@ -38,7 +36,7 @@ def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepar
     assert json.loads((full / "config.json").read_text())["partial_rollout_len"] == 2
     # --keep-rollouts: a step's file holds the responses finished in it, each response in one file;
     # kept = trained (a group finished beyond its step's batch is trained in the next step).
-    files = [pq.read_table(full / "rollouts" / f"step_{s}.parquet").to_pylist() for s in (1, 2, 3, 4)]
+    files = [step_rollouts(full, s) for s in (1, 2, 3, 4)]
     groups = [x["group"] for rows in files for x in rows]
     assert len(groups) == 4 * len(set(groups))  # (G = 4: no group in two files)
     kept = {x["group"] for rows in files for x in rows if x["kept"]}
@@ -62,18 +60,12 @@ def test_vllm_continues_the_same_responses_after_a_resume(prepared, format_model
     """The vLLM engine with partial rollouts: responses are continued from their token ids, and a
     resumed run continues the same ones into the same tokens (fp32 on CPU, per-request seeds)."""
     pytest.importorskip("vllm")
-    import pyarrow.parquet as pq
-
     args = ["train", "--model", format_model, "--data", prepared, "--save-every", "1", "--keep-rollouts", "--partial-rollout-len", "2",
             *[a if a != "hf" else "vllm" for a in SMALL]]
-    assert run_cli(*args, "--out", tmp_path / "a", "--steps", "3").exit_code == 0
-    assert run_cli(*args, "--out", tmp_path / "b", "--steps", "1").exit_code == 0
-    r = run_cli(*args, "--out", tmp_path / "b", "--steps", "3", "--resume")
-    assert r.exit_code == 0, r.output
-    rows = lambda d, s: pq.read_table(d / "rollouts" / f"step_{s}.parquet").to_pylist()  # noqa: E731
+    run_and_resume(args, tmp_path / "a", tmp_path / "b", steps=3)
     for s in (2, 3):
-        assert [(x["group"], x["response_ids"]) for x in rows(tmp_path / "a", s)] == [(x["group"], x["response_ids"]) for x in rows(tmp_path / "b", s)]
-    assert any(x["length"] > 2 for s in (1, 2, 3) for x in rows(tmp_path / "a", s))  # (responses of several segments)
+        assert [(x["group"], x["response_ids"]) for x in step_rollouts(tmp_path / "a", s)] == [(x["group"], x["response_ids"]) for x in step_rollouts(tmp_path / "b", s)]
+    assert any(x["length"] > 2 for s in (1, 2, 3) for x in step_rollouts(tmp_path / "a", s))  # (responses of several segments)
     assert [m["rollout/partial_open_responses"] for m in _lines(tmp_path / "a")][1:] == [m["rollout/partial_open_responses"] for m in _lines(tmp_path / "b")][1:]
 
 

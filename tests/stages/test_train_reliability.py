@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import assert_user_error, run_cli
+from clihelp import assert_user_error, run_and_resume, run_cli, step_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -115,13 +115,8 @@ def test_vllm_resume_draws_the_same_tokens(prepared, format_model, tmp_path):
     """vLLM's per-request seeds: after a resume, step 2 samples exactly the tokens an uninterrupted
     run sampled (fp32 on CPU; vLLM documents no batch-invariance guarantee, see the README)."""
     pytest.importorskip("vllm")
-    import pyarrow.parquet as pq
-
     args = ["train", "--model", format_model, "--data", prepared, "--save-every", "1", "--keep-rollouts", "--lr", "1e-3",
             *[a if a != "hf" else "vllm" for a in SMALL]]
-    assert run_cli(*args, "--out", tmp_path / "a", "--steps", "2").exit_code == 0
-    assert run_cli(*args, "--out", tmp_path / "b", "--steps", "1").exit_code == 0
-    r = run_cli(*args, "--out", tmp_path / "b", "--steps", "2", "--resume")
-    assert r.exit_code == 0, r.output
-    tokens = lambda d: [row["response_ids"] for row in pq.read_table(d / "rollouts" / "step_2.parquet").to_pylist()]  # noqa: E731
+    run_and_resume(args, tmp_path / "a", tmp_path / "b", steps=2)
+    tokens = lambda d: [row["response_ids"] for row in step_rollouts(d, 2)]  # noqa: E731
     assert tokens(tmp_path / "a") == tokens(tmp_path / "b")
