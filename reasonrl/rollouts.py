@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,6 +41,11 @@ class Sample:
     @property
     def length(self) -> int:
         return len(self.response_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, lists copied: ``dataclasses.asdict`` without its element-by-element deep copy
+        (80x slower on long responses)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v) for f in dataclasses.fields(self)}
 
 
 @dataclass
@@ -190,7 +195,7 @@ def write_rollouts(path: str | Path, samples: Sequence[Sample], step: int | None
 
     recs = []
     for s in samples:
-        d = asdict(s)
+        d = s.to_dict()
         d["length"] = s.length
         if step is not None:
             d["step"] = step

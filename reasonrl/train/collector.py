@@ -318,11 +318,7 @@ class Collector:
                 pool.defer(sorted(((born[g[0].group], g) for part in self.ranks.gather(extra) for g in part), key=lambda bg: bg[1][0].group))
                 deferred += surplus
             need = n_prompts - len(selected)
-        self._close(out, selected, mine)
-        for d in deferred:  # (--keep-rollouts: a step's file holds the responses finished in it; these are trained, one step later)
-            for smp in mine.get(d, []):
-                smp.kept = True
-        out.deferred_groups = len(deferred)
+        self._close(out, selected, mine, deferred)
         out.partial = {"rollout/partial_open_groups": len(pool.open), "rollout/partial_open_responses": pool.open_responses,
                        "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_carried_groups": out.carried_groups,
                        "rollout/partial_deferred_groups": out.deferred_groups, "rollout/partial_decode_steps": decode_steps,
@@ -336,13 +332,15 @@ class Collector:
         facts = [(g[0].group, self.ranks.rank, sum(s.correct for s in g), len(g), inf) for g, inf in zip(groups, informative)]
         return sorted(f for part in self.ranks.gather(facts) for f in part)
 
-    def _close(self, out: Collected, selected: list[tuple[int, int]], mine: dict[int, list[Sample]]) -> Collected:
-        """Mark this rank's groups kept or not, and give ``out`` the counts and this rank's share."""
-        chosen = {d for d, _ in selected}
+    def _close(self, out: Collected, selected: list[tuple[int, int]], mine: dict[int, list[Sample]], deferred: Sequence[int] = ()) -> Collected:
+        """Mark this rank's groups kept or not, and give ``out`` the counts and this rank's share.
+        ``deferred``: groups finished beyond the batch (partial rollouts), marked kept too: trained in
+        the next step (--keep-rollouts writes a response in the step it finished)."""
+        chosen = {d for d, _ in selected} | set(deferred)
         for g in mine.values():
             for smp in g:
                 smp.kept = g[0].group in chosen
-        out.kept_groups = len(selected)
+        out.kept_groups, out.deferred_groups = len(selected), len(deferred)
         out.retired = len(self.stream.retired) if self.stream.skip_solved else None
         out.groups = self._share(selected, mine)
         return out

@@ -21,7 +21,6 @@ responses with the same seeds.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,12 +55,6 @@ class OpenGroup:
     @property
     def done(self) -> bool:
         return all(p.finish for p in self.pieces)
-
-
-def _sample_state(s: Sample) -> dict[str, Any]:
-    """A sample's fields, its lists copied: ``dataclasses.asdict`` goes element by element in Python,
-    80x slower on long responses, and the pool's state is taken at every step."""
-    return {f.name: (list(v) if isinstance(v := getattr(s, f.name), list) else v) for f in dataclasses.fields(s)}
 
 
 class PartialPool:
@@ -131,7 +124,7 @@ class PartialPool:
         """JSON-able, for checkpoints (and to put the pool back when a step is abandoned)."""
         return {"open": [{"draw": g.draw, "row": g.row, "born": g.born, "prompt": g.prompt, "prompt_ids": list(g.prompt_ids),
                           "pieces": [[list(p.ids), list(p.logprobs), p.finish] for p in g.pieces]} for g in self.open.values()],
-                "ready": [[born, [_sample_state(s) for s in grp]] for born, grp in self.ready]}
+                "ready": [[born, [s.to_dict() for s in grp]] for born, grp in self.ready]}
 
     def load(self, st: dict[str, Any]) -> None:
         self.open = {}
