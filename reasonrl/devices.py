@@ -58,12 +58,28 @@ def vllm_dtype(name: str) -> str:
 
 
 def autocast_ctx(dtype: str) -> Any:
-    """bf16 autocast on the current device when ``dtype`` resolves to bf16, else a no-op."""
+    """Autocast on the current device when ``dtype`` resolves to bf16 or fp16 (the weights stay in
+    fp32, the matrix products run in the half type), else a no-op. fp16 training also needs loss
+    scaling (:func:`grad_scaler`)."""
     import torch
 
-    if resolve_dtype(dtype) == "bf16":
-        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolve_dtype(dtype))
+    if half is not None:
+        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=half)
     return contextlib.nullcontext()
+
+
+def grad_scaler(dtype: str) -> Any:
+    """A dynamic loss scaler (``torch.amp.GradScaler`` on the current device) when ``dtype``
+    resolves to fp16, else None. fp16's 5 exponent bits underflow small gradients to zero: the loss
+    is multiplied by the scale before backward (2^16 at the start), the gradients divided by it
+    before clipping; a step whose gradients overflow (inf/NaN) is skipped and the scale halved, and
+    after 2000 clean steps it doubles (torch's defaults, as DeepSpeed's dynamic scaler)."""
+    import torch
+
+    if resolve_dtype(dtype) != "fp16":
+        return None
+    return torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def default_device() -> str:

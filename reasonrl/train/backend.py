@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from reasonrl.devices import autocast_ctx
+from reasonrl.devices import autocast_ctx, grad_scaler
 
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -96,7 +96,8 @@ def save_policy(backend: Any, out_dir: Path, tokenizer: Any = None) -> None:
 
 
 class TorchBackend:
-    """Single process: AdamW, grad-norm clipping, the LR schedule of :func:`lr_factor`, bf16 autocast."""
+    """Single process: AdamW, grad-norm clipping, the LR schedule of :func:`lr_factor`, bf16 or fp16
+    autocast (fp16 with dynamic loss scaling: :func:`reasonrl.devices.grad_scaler`)."""
 
     rank = 0
     world_size = 1
@@ -111,20 +112,33 @@ class TorchBackend:
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
         schedule = lr_lambda(lr_schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.scaler = grad_scaler(dtype)  # fp16 only
 
     def step(self, micro_batches: Sequence[Any], loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]:
+        """One optimizer step over ``micro_batches``. A non-finite gradient norm skips the update;
+        with fp16 the scaler's scale is halved then (``overflow``: 1 for a skipped step, and
+        ``loss_scale``, the scale the step's backward used)."""
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
+        scaler = self.scaler
         for mb in micro_batches:
             with autocast_ctx(self.dtype):
                 loss, m = loss_fn(self.model, mb)
-            loss.backward()
+            (scaler.scale(loss) if scaler is not None else loss).backward()
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + v
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if scaler is not None and params:
+            scaler.unscale_(self.optimizer)  # the norm and its clip are of the true gradients
         gn = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else float("inf")) if params else torch.tensor(0.0)
         lr = self.optimizer.param_groups[0]["lr"]
-        if math.isfinite(float(gn)):
+        finite = math.isfinite(float(gn))
+        if scaler is not None and params:
+            metrics["loss_scale"] = float(scaler.get_scale())
+            metrics["overflow"] = 0.0 if finite else 1.0
+            scaler.step(self.optimizer)  # skips the update when the gradients hold inf/NaN
+            scaler.update()
+        elif finite:
             self.optimizer.step()
         metrics["grad_norm"] = float(gn)
         metrics["lr"] = lr
@@ -153,12 +167,17 @@ class TorchBackend:
 
     def save_state(self, out_dir: Path) -> None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, Path(out_dir) / "optim.pt")
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()  # the loss scale and its growth tracker: exact resume
+        torch.save(state, Path(out_dir) / "optim.pt")
 
     def load_state(self, out_dir: Path) -> None:
         st = torch.load(Path(out_dir) / "optim.pt", weights_only=True)
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
+        if self.scaler is not None and st.get("scaler"):
+            self.scaler.load_state_dict(st["scaler"])
 
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         return x

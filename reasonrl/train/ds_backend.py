@@ -163,7 +163,10 @@ def ds_config(*, zero: int, offload: bool, dtype: str, grad_clip: float, micro_b
         "train_batch_size": micro_batch_size * world_size,
         "gradient_clipping": float(grad_clip) if grad_clip > 0 else 0.0,
         "bf16": {"enabled": dtype == "bf16"},
-        "fp16": {"enabled": False},
+        # fp16: DeepSpeed's dynamic loss scaling (loss_scale 0), from 2^16, halved on an overflow
+        # (the step skipped), doubled after 1000 clean steps; fp32 master weights in the optimizer.
+        "fp16": {"enabled": dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                 "hysteresis": 2, "min_loss_scale": 1},
         "zero_optimization": zo,
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,  # offload with our torch AdamW (DeepSpeedCPUAdam needs compiled ops)
@@ -173,7 +176,8 @@ def ds_config(*, zero: int, offload: bool, dtype: str, grad_clip: float, micro_b
 
 
 class DeepSpeedBackend:
-    """ZeRO-2/3 data parallel: AdamW, grad-norm clipping, the LR schedule of ``lr_factor``, bf16 mixed precision."""
+    """ZeRO-2/3 data parallel: AdamW, grad-norm clipping, the LR schedule of ``lr_factor``, bf16 or
+    fp16 mixed precision (fp16 with DeepSpeed's dynamic loss scaling)."""
 
     def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999), grad_clip: float,
                  warmup_steps: int, dtype: str, zero: int = 2, offload: bool = False, micro_batch_size: int = 1,
@@ -221,7 +225,11 @@ class DeepSpeedBackend:
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
         pre_norm = self._local_grad_norm() if self.zero == 0 else None
+        scale = self.engine.optimizer.cur_scale if self.dtype == "fp16" else None  # (the scale this step's backward used)
         self.engine.step()  # non-finite global grad norm: ZeRO skips the update (as TorchBackend does)
+        if scale is not None:
+            metrics["loss_scale"] = float(scale) / self.world_size  # (summed over ranks below, like every metric)
+            metrics["overflow"] = (0.0 if self.engine.was_step_applied() else 1.0) / self.world_size
         gn = self.engine.get_global_grad_norm()
         if gn is None:  # stage 0 with fp32 does not record it; its gradients are already all-reduced
             gn = pre_norm
@@ -269,12 +277,12 @@ class DeepSpeedBackend:
         """The full weights on every rank (ZeRO-3: gathered one module at a time), on CPU.
 
         Keys are the HF model's ``state_dict`` keys (tied weights share one tensor). ``master``:
-        the fp32 master weights instead of the bf16 working copy (when bf16 is on). Every rank
+        the fp32 master weights instead of the half-precision working copy (when bf16 or fp16 is on). Every rank
         must call it (the gathers are collectives).
         """
         from deepspeed.utils import safe_get_full_fp32_param
 
-        use_master = master and self.dtype == "bf16"
+        use_master = master and self.dtype in ("bf16", "fp16")
         full: dict[int, torch.Tensor] = {}
         for module in self.model.modules():
             own = [p for p in module.parameters(recurse=False) if id(p) not in full]

@@ -385,3 +385,30 @@ def test_cli_pretrain_value_zero3_torchrun_matches_one_process(format_model, toy
     assert sorted(c1) == sorted(c2)
     for k in c1:  # the consolidated ZeRO-3 critic: whole tensors, the same weights
         assert c1[k].shape == c2[k].shape and (c1[k] - c2[k]).abs().max() <= 5e-5, k
+
+
+def _cpu_fp16() -> bool:
+    import torch
+
+    try:
+        return torch.cuda.is_available() or bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.mark.skipif(not _cpu_fp16(), reason="DeepSpeed's fp16 needs oneDNN's fp16 support on CPU (AVX512-FP16 or AMX-FP16); this CPU has neither")
+def test_cli_train_zero2_fp16_loss_scaling_and_resume(format_model, toy_data, tmp_path):
+    """--dtype fp16 under ZeRO-2: DeepSpeed's fp16 section (dynamic loss scaling) is on, every step
+    logs its scale and overflow share, the policy trains (finite), and the scaler resumes."""
+    out = tmp_path / "run"
+    fp16 = lambda steps: ["fp16" if a == "fp32" else a for a in _train_args(format_model, toy_data, out, zero=2, steps=steps)]  # noqa: E731
+    _launch(2, fp16(2))
+    m = _metrics(out)
+    assert [r["step"] for r in m] == [1, 2]
+    assert all(r["actor/loss_scale"] >= 1 and 0 <= r["actor/overflow"] <= 1 for r in m), m
+    assert json.loads((out / "config.json").read_text())["dtype_resolved"] == "fp16"
+    p = _launch(2, fp16(3) + ["--resume"])
+    assert "resumed from" in p.stderr + p.stdout
+    m = _metrics(out)
+    assert [r["step"] for r in m] == [1, 2, 3] and m[2]["actor/loss_scale"] >= 1
+    _check_policy(out, format_model)
