@@ -19,13 +19,21 @@ if [ ! -f "$stamp" ]; then
     exit 1
   fi
 fi
-# Chromium (headless) opens `reasonrl report`'s report.html in the tests: Debian's package, where
-# apt-get is available (as root or with password-less sudo); otherwise that one test is skipped.
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+# Debian's packages, where apt-get is available (as root or with password-less sudo); otherwise the
+# tests that need them are skipped: Chromium (headless) opens `reasonrl report`'s report.html, and
+# slurm-wlm + munge run a one-node Slurm cluster for the job files in examples/slurm/.
+apt_install() {  # Debian package names
   if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
-  { $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
-    || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }; } \
-    || echo "reasonrl: could not install chromium with apt-get; the report's browser test will be skipped" >&2
+  { $SUDO apt-get install -y -q "$@" >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q "$@" >/dev/null 2>&1; }; }
+}
+if command -v apt-get >/dev/null 2>&1; then
+  if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    apt_install chromium || echo "reasonrl: could not install chromium with apt-get; the report's browser test will be skipped" >&2
+  fi
+  if ! command -v sbatch >/dev/null 2>&1 || ! [ -x /usr/sbin/munged ]; then
+    apt_install slurm-wlm munge || echo "reasonrl: could not install slurm-wlm and munge with apt-get; the Slurm tests will be skipped" >&2
+  fi
 fi
 if [ -f "$stamp" ]; then
   pip install --no-deps --no-build-isolation -e . >/dev/null
