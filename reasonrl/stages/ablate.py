@@ -587,6 +587,14 @@ def _paired(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]],
     return {**_with_ci(diffs, n_boot), "problems": sum(map(len, diffs)), "seeds": seeds}  # (ci_problems: paired_difference's interval)
 
 
+def _steps_differ(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]]) -> list[dict[str, int]]:
+    """The paired seeds whose final validations are at different steps (early stopping, or another
+    ``val_every`` in a run made elsewhere): their Δ final compares two training lengths, and their
+    Δ AUC curves of two spans."""
+    return [{"seed": s, "final_step": after[s]["final_step"], "previous_final_step": before[s]["final_step"]} for s in sorted(after)
+            if s in before and after[s]["where"] == before[s]["where"] and after[s]["final_step"] != before[s]["final_step"]]
+
+
 def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot: int) -> dict[str, Any]:
     """ablation.json: one entry per rung (the numbers of its finished runs) and each run's status."""
     rows: list[dict[str, Any]] = []
@@ -620,6 +628,9 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
             row["curves"] = {str(s): v["curve"] for s, v in stats.items()}
             if prev:
                 row["vs_previous"] = {"rung": prev_name, "final": _paired(stats, prev, "final", n_boot), "auc": _paired(stats, prev, "auc", n_boot)}
+                differ = _steps_differ(stats, prev)
+                if differ:
+                    row["vs_previous"]["steps_differ"] = differ
         rows.append(row)
         prev, prev_name = stats, r["name"]
     bad = [f"{r['name']}/seed-{s}" for r in rows for s, v in r["runs"].items() if v["status"] in ("failed", "blocked", "no validation")]
@@ -664,14 +675,22 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
                  caption="peak: a run's largest resident memory (trainer and engine); checkpoint: its last one's size (- once deleted)")
     for c in ("rung", "s/step", "peak GiB", "checkpoint MiB"):
         cost.add_column(c, justify="left" if c == "rung" else "right")
+    notes = []
     for r in doc["rungs"]:
         bad = [s for s, v in r["runs"].items() if v["status"] not in ("finished", "unfinished")]
         seeds = f"{len(r['seeds_finished'])}/{len(r['runs'])}" + (f" [red]{len(bad)} failed[/]" if bad else "")
         vs = (r.get("vs_previous") or {}).get("final")
-        acc.add_row(r["name"], seeds, _pct(r.get("final")), _pct(r.get("best"), ci=False), _pct(r.get("auc"), ci=False), _pct(vs, signed=True))
+        differ = (r.get("vs_previous") or {}).get("steps_differ") or []
+        if differ:  # a Δ over two training lengths: marked, and said under the table
+            notes.append(f"† {r['name']}: final validations at different steps ("
+                         + ", ".join(f"seed {d['seed']}: step {d['final_step']} vs {d['previous_final_step']}" for d in differ) + ")")
+        acc.add_row(r["name"], seeds, _pct(r.get("final")), _pct(r.get("best"), ci=False), _pct(r.get("auc"), ci=False),
+                    _pct(vs, signed=True) + ("†" if differ else ""))
         train.add_row(r["name"], _num(r.get("entropy_final")), _num(r.get("clipfrac_upper"), "{:.4f}"), _num(r.get("clipfrac_lower"), "{:.4f}"),
                       _num(r.get("response_length"), "{:.1f}"), _num(r.get("truncated_frac"), "{:.2f}"), _num(r.get("ds_rounds"), "{:.2f}"))
         cost.add_row(r["name"], _num(r.get("step_s"), "{:.2f}"), _num(r.get("peak_rss_gib"), "{:.2f}"), _num(r.get("checkpoint_mib"), "{:.1f}"))
+    if notes:
+        acc.caption = f"{acc.caption}\n" + "\n".join(notes) + " (early stopping, or another val_every: the Δ compares two training lengths)"
     console.print(acc)
     console.print(train)
     console.print(cost)

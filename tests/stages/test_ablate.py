@@ -350,3 +350,44 @@ def test_a_spec_plans_its_rungs_and_critics(tmp_path):
     assert critic.stage == "pretrain-value" and critic.seed == 3 and "steps=4" in critic.argv and "engine=hf" in critic.argv
     assert not any(a.startswith("lr=") for a in critic.argv)  # (pretrain-value has critic_lr, not lr)
     assert [j.label for j in jobs if j.needs is critic] == ["vc/seed-3"]
+
+
+# ------------------------------------------------------------------------------------ the table (no runs)
+
+
+def _finished_run(d: Path, vals: dict[int, list[float]]) -> None:
+    """A finished train run as the table reads it: its manifest, validation.jsonl (per problem) and metrics.jsonl."""
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({"stage": "train"}))
+    (d / "validation.jsonl").write_text("".join(json.dumps({"step": s, "where": ["p1", "p2"], "avg@2": v}) + "\n" for s, v in vals.items()))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "actor/entropy": 0.5}) + "\n" for s in range(max(vals) + 1)))
+
+
+def test_the_delta_says_when_final_validations_are_at_different_steps(tmp_path):
+    """Early stopping (or another val_every) ends a rung's runs at another step: its Δ final then pairs step 6
+    with step 8, which the table marks and ablation.json names, seed by seed (the same steps: no mark)."""
+    from rich.console import Console
+
+    from reasonrl.stages.ablate import print_table, summarise
+
+    out = tmp_path / "abl"
+    _finished_run(out / "a" / "seed-0", {0: [0.0, 0.0], 4: [0.5, 0.0], 8: [0.5, 0.5]})
+    _finished_run(out / "a" / "seed-1", {0: [0.0, 0.0], 4: [0.5, 0.0], 8: [1.0, 0.5]})
+    _finished_run(out / "b" / "seed-0", {0: [0.0, 0.0], 4: [1.0, 0.5], 6: [1.0, 0.0]})  # early-stopped at 6
+    _finished_run(out / "b" / "seed-1", {0: [0.0, 0.0], 4: [0.5, 0.5], 8: [1.0, 1.0]})
+    _finished_run(out / "c" / "seed-0", {0: [0.0, 0.0], 4: [0.5, 0.5], 6: [1.0, 1.0]})
+    _finished_run(out / "c" / "seed-1", {0: [0.0, 0.0], 4: [0.5, 0.5], 8: [1.0, 1.0]})
+    plan = {"source": "spec", "base": "x.toml", "steps": 8, "val_every": 4, "seeds": [0, 1],
+            "rungs": [{"name": n, "sets": {}, "pretrained_critic": False} for n in "abc"]}
+    doc = summarise(plan, out, {}, 20)
+    a, b, c = doc["rungs"]
+    assert b["vs_previous"]["steps_differ"] == [{"seed": 0, "final_step": 6, "previous_final_step": 8}]
+    assert b["vs_previous"]["final"]["value"] == pytest.approx(0.125)  # (still the paired difference of the final validations)
+    assert "steps_differ" not in c["vs_previous"]  # b and c end at the same steps, seed by seed
+    assert "vs_previous" not in a
+    console = Console(record=True, width=80)
+    print_table(doc, console)
+    text = console.export_text()
+    row = next(ln for ln in text.splitlines() if ln.strip().startswith("b "))
+    assert "†" in row and "†" not in next(ln for ln in text.splitlines() if ln.strip().startswith("c "))
+    assert "† b: final validations at different steps (seed 0: step 6 vs 8)" in " ".join(text.split())
