@@ -12,7 +12,8 @@ A rerun of the same command skips finished runs (their ``manifest.json``), resum
 checkpoint, which holds nothing to resume), and starts the others. Each train run checkpoints at its
 validation steps (unless the recipe or ``--set save_every`` says otherwise) and keeps the newest
 one. ``--jobs N`` runs N at once; ``--dry-run`` prints the command lines instead (one per line, in
-an order that runs: critics first), for a cluster's scheduler; ``--collect DIR`` builds the table
+an order that runs: critics first), for a cluster's scheduler, and writes nothing but a new
+directory's ``plan.json``; ``--collect DIR`` builds the table
 from whatever finished.
 
 Outputs in ``out/``: ``plan.json`` (the rungs, seeds and each run's command; written first),
@@ -119,7 +120,8 @@ class AblateConfig(ProgressOpts):
     steps: int | None = opt(None, "Training steps of every run (default: the base recipe's).")
     val_every: int | None = opt(None, "Validate every N steps (default: the base recipe's --val-every; when it has none, at step 0 and at the last step).")
     jobs: int = opt(1, "Runs at once, each its own process.")
-    dry_run: bool = opt(False, "Print each run's command line (one per line, critics first) and run nothing; plan.json is written for --collect.")
+    dry_run: bool = opt(False, "Print each run's command line (one per line, critics first) and run nothing; plan.json is written for --collect "
+                               "into a directory without one (nothing else is written or removed).")
     bootstrap: int = opt(1000, "Bootstrap resamples for the table's intervals.")
     sets: list[str] = opt([], "train overrides for every run (--set key=value, repeatable); a rung's own overrides win.")
 
@@ -732,6 +734,7 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
         jobs = {}
     else:
         assert plan is not None
+        old = None
         if (out / "plan.json").is_file():
             old = _read_plan(out)
             changed = [k for k, v in plan.what().items() if old.get(k) != v]
@@ -740,10 +743,13 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
                                     "be redone; rerun with its settings or choose another --out")
         job_list = make_jobs(plan, out)
         doc = _plan_doc(plan, job_list)
-        run.clear(("ablation.json",))  # (the manifest first: a stale table never looks finished)
-        with run.writing(("plan.json",)):
-            write_json(out / "plan.json", doc)
-        if cfg.dry_run:
+        if cfg.dry_run:  # its plan, and nothing else: a finished ablation's table and manifest stay
+            if old is None:
+                with run.writing(("plan.json",)):
+                    write_json(out / "plan.json", doc)  # (for --collect)
+            elif old.get("seeds") != plan.seeds:
+                say(f"{out / 'plan.json'} (seeds {', '.join(map(str, old['seeds']))}) is kept: --collect tables those seeds; once these runs "
+                    f"finished, the same command without --dry-run skips them and writes the table of seeds {', '.join(map(str, plan.seeds))}")
             todo = [j for j in job_list if j.status == "pending"]
             for j in todo:
                 sys.stdout.write(j.line() + "\n")
@@ -753,6 +759,9 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
                 + (f"; the {CRITICS} ones (pretrain-value) must finish before the runs that use them" if any(j.stage == "pretrain-value" for j in todo) else "")
                 + f"; then `reasonrl ablate --collect {out}`")
             return {"commands": [j.line() for j in todo], "plan": doc}
+        run.clear(("ablation.json",))  # (the manifest first: a stale table never looks finished)
+        with run.writing(("plan.json",)):
+            write_json(out / "plan.json", doc)
         skipped = [j for j in job_list if j.status == "skipped"]
         say(f"[bold]ablate[/] {plan.source}: {len(plan.rungs)} rung{'s' * (len(plan.rungs) != 1)} × {len(plan.seeds)} seed{'s' * (len(plan.seeds) != 1)}, {plan.steps} steps, validation every {plan.val_every}"
             + (f"; {len(skipped)} finished run(s) skipped" if skipped else "") + f" → {out}")

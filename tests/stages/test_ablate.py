@@ -391,3 +391,27 @@ def test_the_delta_says_when_final_validations_are_at_different_steps(tmp_path):
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("b "))
     assert "†" in row and "†" not in next(ln for ln in text.splitlines() if ln.strip().startswith("c "))
     assert "† b: final validations at different steps (seed 0: step 6 vs 8)" in " ".join(text.split())
+
+
+def test_a_dry_run_writes_nothing_into_a_finished_ablation(tmp_path, data_dir):
+    """`--dry-run` with other --seeds on a finished ablation: its commands printed, and manifest.json, ablation.json and
+    plan.json left as they were (it deleted the first two and replaced the plan)."""
+    out = tmp_path / "abl"
+    first = run_cli("ablate", "--preset", "dapo", "--seeds", "1", "--set", f"data={data_dir}", "--out", out, "--dry-run")
+    assert first.exit_code == 0, first.output
+    assert (out / "plan.json").is_file()  # (a dry run into a new directory writes its plan, for --collect)
+    (out / "ablation.json").write_text('{"complete": true}')
+    (out / "manifest.json").write_text(json.dumps({"stage": "ablate"}))
+
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".reasonrl.lock"}  # (the lock names its holder)
+
+    before = files()
+    assert {"plan.json", "ablation.json", "manifest.json"} <= set(before)
+    for seeds in ("2", "1"):
+        r = run_cli("ablate", "--preset", "dapo", "--seeds", seeds, "--set", f"data={data_dir}", "--out", out, "--dry-run")
+        assert r.exit_code == 0, r.output
+        assert len([ln for ln in r.output.splitlines() if " -m reasonrl.cli train " in ln]) == 6 * int(seeds)
+        assert files() == before
+        said = " ".join(r.output.split())
+        assert ("plan.json (seeds 0) is kept" in said) == (seeds == "2"), said[-600:]
