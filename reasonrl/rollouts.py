@@ -212,6 +212,45 @@ def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
+#: The columns of a rollout artifact that its readers need (`train --rollouts`, `pretrain-value
+#: --rollouts`): (the kind of values, what they are). Any other column a `reasonrl rollout` writes
+#: has a harmless default (``extracted``, ``score_status``, ``data_source``, ``kept``, ``pad``).
+ROLLOUT_COLUMNS: dict[str, tuple[str, str]] = {
+    "group": ("int", "the prompt's group"), "prompt_index": ("int", "the prompt's row"), "prompt": ("str", "the chat-formatted prompt"),
+    "prompt_ids": ("ids", "the prompt's token ids"), "response": ("str", "the response text"), "response_ids": ("ids", "the response's token ids"),
+    "logprobs": ("floats", "the sampling log-probs"), "finish_reason": ("str", "why each response ended"), "truncated": ("bool", "cut at max_response_len"),
+    "ground_truth": ("str", "the answer"), "reward": ("number", "the rule reward"), "correct": ("bool", "the pass rates' correctness"),
+    "shaped_reward": ("number", "the rewards a critic learns from"),
+}
+
+
+def check_rollout_columns(table: Any, where: str, fix: str) -> None:
+    """Every column of :data:`ROLLOUT_COLUMNS` present, of its kind, with no null: else a one-line
+    error (``where``: the artifact as the message names it; ``fix``: what to run). A missing
+    ``shaped_reward`` trained a critic on all-zero targets, a missing ``correct`` made every prompt
+    unsolved, the others were a traceback."""
+    import pyarrow.types as pt
+
+    from reasonrl.errors import ReasonRLError
+
+    kinds = {"int": (pt.is_integer, "integers"), "str": (lambda t: pt.is_string(t) or pt.is_large_string(t), "text"),
+             "bool": (pt.is_boolean, "booleans"), "number": (lambda t: pt.is_integer(t) or pt.is_floating(t), "numbers"),
+             "ids": (lambda t: (pt.is_list(t) or pt.is_large_list(t)) and pt.is_integer(t.value_type), "lists of token ids"),
+             "floats": (lambda t: (pt.is_list(t) or pt.is_large_list(t)) and (pt.is_floating(t.value_type) or pt.is_null(t.value_type)), "lists of numbers")}
+    names = table.column_names
+    for col, (kind, what) in ROLLOUT_COLUMNS.items():
+        if col not in names:
+            raise ReasonRLError(f"{where}: rollouts.parquet has no '{col}' column ({what}; its columns: {', '.join(names) or 'none'}): "
+                                f"not a whole `reasonrl rollout` artifact; run `{fix}`")
+        typ = table.schema.field(col).type
+        ok, values = kinds[kind]
+        if not ok(typ):
+            raise ReasonRLError(f"{where}: rollouts.parquet's '{col}' holds {typ}, not {values} ({what}): not a `reasonrl rollout` artifact; run `{fix}`")
+        if table.column(col).null_count:
+            row = next(i for i, v in enumerate(table.column(col).to_pylist(), 1) if v is None)
+            raise ReasonRLError(f"{where}: rollouts.parquet's '{col}' is empty (null) in row {row} ({what}): run `{fix}`")
+
+
 @dataclass
 class RolloutArtifact:
     """A finished `reasonrl rollout` directory: its manifest and its responses, one group per prompt
@@ -254,10 +293,14 @@ def load_rollout_artifact(path: str | Path, *, option: str) -> RolloutArtifact:
     manifest = read_manifest(p, stage="rollout", hint=hint)
     if manifest.get("stage") != "rollout":
         raise ReasonRLError(f"{option} {p}: a `{manifest.get('stage')}` output, not a rollout artifact: run `{hint}` and pass that directory")
+    import pyarrow.parquet as pq
+
     try:
-        recs = read_rollouts(p / "rollouts.parquet")
+        table = pq.read_table(p / "rollouts.parquet")
     except (OSError, ValueError) as e:
         raise ReasonRLError(f"{option} {p}: rollouts.parquet is unreadable ({type(e).__name__}): run `{hint} --overwrite`") from None
+    check_rollout_columns(table, f"{option} {p}", f"{hint} --overwrite")
+    recs = table.to_pylist()
     names = {f.name for f in dataclasses.fields(Sample)}
     groups: dict[int, list[Sample]] = {}
     for r in recs:

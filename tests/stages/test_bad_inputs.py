@@ -159,3 +159,69 @@ def test_a_50_mb_problem_is_skipped_without_being_tokenised(tiny_model, tmp_path
     assert (results["skipped_long_prompts"], results["problems"]) == (1, 3)
 
     assert len(seen) >= 4 and max(n for tok in seen for n in tok.calls) < 1_000_000  # (each stage loaded its tokenizer here)
+
+
+def _rollout_artifact(d, *, drop: str = "", correct: bool = True):
+    """A finished `reasonrl rollout` directory of 3 prompts × 2 responses (its manifest and rollouts.parquet), without the column ``drop``."""
+    import pyarrow.parquet as pq
+
+    from reasonrl.rollouts import Sample, write_rollouts
+
+    samples = [Sample(group=g, prompt_index=g, prompt=f"What is {g} + 1?\n", prompt_ids=[5, 6, 7], response=f"Answer: {g + 1}", response_ids=[8, 9],
+                      logprobs=[-0.5, -0.25], finish_reason="stop", truncated=False, ground_truth=str(g + 1), reward=1.0, correct=correct,
+                      extracted=str(g + 1), shaped_reward=1.0, data_source="toy") for g in range(3) for _ in range(2)]
+    d.mkdir(parents=True)
+    write_rollouts(d / "rollouts.parquet", samples)
+    if drop:
+        t = pq.read_table(d / "rollouts.parquet")
+        pq.write_table(t.drop_columns([drop]), d / "rollouts.parquet")
+    (d / "manifest.json").write_text(json.dumps({"stage": "rollout", "policy": {}, "reward": {"spec": "math"}}))
+    return d
+
+
+@pytest.mark.parametrize("column", ["shaped_reward", "correct", "reward", "response_ids", "prompt_ids", "logprobs", "group", "prompt",
+                                    "response", "ground_truth", "truncated", "finish_reason", "prompt_index"])
+def test_a_rollout_artifact_is_checked_column_by_column(column, tmp_path):
+    """Issue 40 item 13: a missing column was a TypeError traceback (response_ids, group, …), all-zero critic targets
+    with rc 0 (shaped_reward) or every prompt unsolved (correct): now one line naming the column and `reasonrl rollout`."""
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.rollouts import load_rollout_artifact
+
+    d = _rollout_artifact(tmp_path / "ro", drop=column)
+    with pytest.raises(ReasonRLError) as e:
+        load_rollout_artifact(d, option="--rollouts")
+    msg = str(e.value)
+    assert "\n" not in msg and f"no '{column}' column" in msg and "reasonrl rollout" in msg and "--rollouts" in msg, msg
+
+
+def test_a_rollout_artifact_with_nulls_or_wrong_types(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.rollouts import load_rollout_artifact
+
+    d = _rollout_artifact(tmp_path / "ro")
+    t = pq.read_table(d / "rollouts.parquet")
+    ok = load_rollout_artifact(d, option="--rollouts")
+    assert len(ok.groups) == 3 and all(s.shaped_reward == 1.0 and s.correct for g in ok.groups for s in g)
+    for col, values, needle in [("shaped_reward", pa.array([None] + [1.0] * 5, pa.float64()), "'shaped_reward' is empty (null) in row 1"),
+                                ("correct", pa.array(["yes"] * 6), "'correct' holds string, not booleans"),
+                                ("response_ids", pa.array([1] * 6), "'response_ids' holds int64, not lists of token ids")]:
+        pq.write_table(t.set_column(t.schema.get_field_index(col), col, values), d / "rollouts.parquet")
+        with pytest.raises(ReasonRLError) as e:
+            load_rollout_artifact(d, option="--rollouts")
+        assert needle in str(e.value) and "reasonrl rollout" in str(e.value), str(e.value)
+
+
+def test_train_and_pretrain_value_name_a_missing_rollout_column(prepared, tiny_model, tmp_path):
+    small = ["--model", tiny_model, "--engine", "hf", "--dtype", "fp32", "--max-response-len", "4", "--group-size", "2", "--prompts-per-step", "2"]
+    for column in ("shaped_reward", "correct", "response_ids"):
+        ro = _rollout_artifact(tmp_path / f"ro-{column}", drop=column)
+        r = run_cli("train", "--algo", "grpo", "--data", prepared, "--rollouts", ro, "--out", tmp_path / f"t-{column}", "--steps", "1",
+                    "--mini-batch-size", "4", "--micro-batch-size", "4", *small)
+        assert_user_error(r, f"no '{column}' column", "reasonrl rollout")
+        r = run_cli("pretrain-value", "--rollouts", ro, "--allow-other-policy", "--out", tmp_path / f"p-{column}", "--steps", "1",
+                    "--mini-batch-size", "4", "--micro-batch-size", "4", "--eval-prompts", "1", *small)
+        assert_user_error(r, f"no '{column}' column", "reasonrl rollout")
+        assert not (tmp_path / f"t-{column}").exists() and not (tmp_path / f"p-{column}").exists()
