@@ -251,6 +251,17 @@ def check_rollout_columns(table: Any, where: str, fix: str) -> None:
             raise ReasonRLError(f"{where}: rollouts.parquet's '{col}' is empty (null) in row {row} ({what}): run `{fix}`")
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    """A small JSON object file's content, or {} (missing, unreadable, not an object)."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 @dataclass
 class RolloutArtifact:
     """A finished `reasonrl rollout` directory: its manifest and its responses, one group per prompt
@@ -283,16 +294,22 @@ def load_rollout_artifact(path: str | Path, *, option: str) -> RolloutArtifact:
     """The rollout artifact at ``path`` (a `reasonrl rollout` output directory, or its rollouts.parquet),
     read whole. A missing, unfinished or foreign directory, or an empty one, is a one-line error
     naming ``option`` and the stage to run."""
-    from reasonrl.artifacts import read_manifest
+    from reasonrl.artifacts import MANIFEST, MARKER, read_manifest
     from reasonrl.errors import ReasonRLError
 
     p = Path(path)
     if p.name == "rollouts.parquet":
         p = p.parent
     hint = f"reasonrl rollout --out {p}"
+    wants = (f"{option} takes the directory of a `reasonrl rollout --model … --data … --out DIR` (its rollouts.parquet: each prompt's "
+             "responses and rewards); sample one and pass that directory")
+    marker = _json_object(p / MARKER)  # (the run marker: whose directory it is, finished or not)
+    if marker.get("stage") not in (None, "rollout") and not (p / MANIFEST).is_file():
+        raise ReasonRLError(f"{option} {p} is an unfinished `{marker['stage']}` run, not a rollout artifact: {wants}")
     manifest = read_manifest(p, stage="rollout", hint=hint)
     if manifest.get("stage") != "rollout":
-        raise ReasonRLError(f"{option} {p}: a `{manifest.get('stage')}` output, not a rollout artifact: run `{hint}` and pass that directory")
+        stage = manifest.get("stage")
+        raise ReasonRLError(f"{option} {p} is {'a' if stage != 'eval' else 'an'} `{stage}` {'run' if stage == 'train' else 'output'}, not a rollout artifact: {wants}")
     import pyarrow.parquet as pq
 
     try:

@@ -225,3 +225,43 @@ def test_train_and_pretrain_value_name_a_missing_rollout_column(prepared, tiny_m
                     "--mini-batch-size", "4", "--micro-batch-size", "4", "--eval-prompts", "1", *small)
         assert_user_error(r, f"no '{column}' column", "reasonrl rollout")
         assert not (tmp_path / f"t-{column}").exists() and not (tmp_path / f"p-{column}").exists()
+
+
+def test_rollouts_of_a_train_run_say_what_rollouts_takes(tmp_path):
+    """Issue 40 item 19: `--rollouts <a train run>` said "run `reasonrl rollout --out <that train run>`" (into the train run)."""
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.rollouts import load_rollout_artifact
+
+    done, crashed = tmp_path / "trained", tmp_path / "crashed"
+    done.mkdir()
+    (done / "manifest.json").write_text(json.dumps({"stage": "train"}))
+    crashed.mkdir()
+    (crashed / ".reasonrl-run.json").write_text(json.dumps({"stage": "train"}))  # (a run that stopped: its marker, no manifest)
+    for d, state in ((done, "a `train` run"), (crashed, "an unfinished `train` run")):
+        with pytest.raises(ReasonRLError) as e:
+            load_rollout_artifact(d, option="--rollouts")
+        msg = str(e.value)
+        assert f"--rollouts {d} is {state}, not a rollout artifact" in msg and "reasonrl rollout" in msg, msg
+        assert f"--out {d}" not in msg, msg
+
+
+def test_the_pass_rate_bounds_error_counts_by_the_bounds(prepared, tiny_model, tmp_path):
+    """Issue 40 item 19: prompts at pass rate 0.5 dropped by --min-pass-rate 0.5 were counted as "unsolved"."""
+    import pyarrow.parquet as pq
+
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.rollouts import Sample, prompt_text, write_rollouts
+
+    tok = load_tokenizer(tiny_model)
+    rows = pq.read_table(prepared / "train.parquet").to_pylist()
+    samples = [Sample(group=g, prompt_index=g, prompt=prompt_text(row, tok), prompt_ids=[5], response="x", response_ids=[6], logprobs=[-0.1],
+                      finish_reason="stop", truncated=False, ground_truth="1", reward=1.0 if k == 0 else -1.0, correct=k == 0, shaped_reward=0.0)
+               for g, row in enumerate(rows) for k in range(2)]  # every prompt: pass rate 1/2
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    write_rollouts(ro / "rollouts.parquet", samples)
+    (ro / "manifest.json").write_text(json.dumps({"stage": "rollout"}))
+    r = run_cli("train", "--algo", "grpo", "--model", tiny_model, "--data", prepared, "--rollouts", ro, "--min-pass-rate", "0.5", "--max-pass-rate", "0.9",
+                "--out", tmp_path / "t", "--engine", "hf", "--steps", "1")
+    assert_user_error(r, f"{len(rows)} at pass rate <= 0.5", "0 at pass rate >= 0.9", "widen")
+    assert "unsolved" not in r.output
