@@ -265,3 +265,27 @@ def test_the_pass_rate_bounds_error_counts_by_the_bounds(prepared, tiny_model, t
                 "--out", tmp_path / "t", "--engine", "hf", "--steps", "1")
     assert_user_error(r, f"{len(rows)} at pass rate <= 0.5", "0 at pass rate >= 0.9", "widen")
     assert "unsolved" not in r.output
+
+
+def test_eval_skips_and_counts_the_ground_truths_prepare_data_drops(tiny_model, tmp_path):
+    """Issue 40 item 19: `eval file` evaluated ground truths that prepare-data drops (a NUL, an emoji, a right-to-left
+    override): now skipped and counted, by the same check (reasonrl.data.readers.answer_flaw)."""
+    f = _jsonl(tmp_path / "e.jsonl", [{"problem": "What is 2 + 2?", "answer": "4"}, {"problem": "A?", "answer": "\x00"},
+                                      {"problem": "B?", "answer": "😀"}, {"problem": "C?", "answer": "\u202e81"}])
+    r = run_cli("eval", "file", "--dataset", f, "--model", tiny_model, "--out", tmp_path / "ev", "--engine", "hf", "--n", "1",
+                "--max-response-len", "2", "--bootstrap", "10")
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert res["problems"] == 1 and res["skipped_rows"] == {"bad_characters": 3}, res.get("skipped_rows")
+    said = " ".join(r.output.split())
+    assert "3 rows skipped" in said and "e.jsonl line 2: the answer holds a control character (U+0000)" in said, said[-1500:]
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert [x["ground_truth"] for x in rows] == ["4"]
+
+
+def test_eval_names_the_bad_json_line_without_a_flag_it_lacks(tiny_model, tmp_path):
+    f = tmp_path / "e.jsonl"
+    f.write_text('{"problem": "What is 2 + 2?", "answer": "4"}\n{"problem": "What is 1 +\t1?", "answer": "2"}\n')
+    r = run_cli("eval", "file", "--dataset", f, "--model", tiny_model, "--out", tmp_path / "ev", "--engine", "hf", "--n", "1")
+    assert_user_error(r, f"{f} line 2: not valid JSON: invalid control character at column 25", "fix that line")
+    assert "--skip-bad-rows" not in r.output  # (eval has no such option)
