@@ -289,3 +289,25 @@ def test_eval_names_the_bad_json_line_without_a_flag_it_lacks(tiny_model, tmp_pa
     r = run_cli("eval", "file", "--dataset", f, "--model", tiny_model, "--out", tmp_path / "ev", "--engine", "hf", "--n", "1")
     assert_user_error(r, f"{f} line 2: not valid JSON: invalid control character at column 25", "fix that line")
     assert "--skip-bad-rows" not in r.output  # (eval has no such option)
+
+
+def test_eval_refuses_an_adapter_with_nan_weights(prepared, tiny_model, tmp_path):
+    """Issue 40 item 19: eval ran an adapter whose weights are NaN (a diverged run's) without a word."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from reasonrl.models import lora as L
+    from reasonrl.models.loading import load_causal_lm
+
+    model = L.apply_lora(load_causal_lm(tiny_model), L.LoraSettings(rank=4, alpha=8.0), seed=0, base_path=tiny_model)
+    adapter = tmp_path / "adapter"
+    L.save_adapter(model, None, adapter)
+    f = adapter / L.ADAPTER_WEIGHTS
+    w = load_file(str(f))
+    k = next(k for k in w if "lora_B" in k)
+    w[k] = torch.full_like(w[k], float("nan"))
+    save_file(w, str(f), metadata={"format": "pt"})
+    r = run_cli("eval", "file", "--dataset", prepared, "--model", adapter, "--engine", "hf", "--n", "1", "--max-response-len", "2",
+                "--out", tmp_path / "ev")
+    assert_user_error(r, str(f), "not finite", k)
+    assert not (tmp_path / "ev" / "results.json").exists()
