@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shlex
 import signal
@@ -444,14 +445,44 @@ def _last_error(log: Path) -> str:
     return (errs[-1] if errs else lines[-1] if lines else "")[:300]
 
 
+def die_with_driver() -> Any:
+    """The ``preexec_fn`` that ties a run to the driver: the kernel SIGKILLs it when the driver dies
+    (Linux's ``PR_SET_PDEATHSIG``), so a SIGKILLed driver (which runs no cleanup) leaves no run
+    training on under PID 1 (a rerun found it "in use by PID …" and started the next runs beside
+    it); the run resumes from its last checkpoint on a rerun. A SIGTERM to the driver still stops the
+    runs gently (:func:`run_jobs`). The signal comes when the *thread* that started the run ends:
+    :func:`run_jobs` starts every run from the driver's thread and waits for them all before it
+    returns, so that thread outlives them (an exception out of it ends them, as it should). A driver
+    killed before the child set the signal is caught by comparing the parent. None off Linux (no
+    equivalent there: the runs then outlive a SIGKILLed driver)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # (looked up here: the child only calls it)
+    except (OSError, AttributeError):
+        return None
+    driver, pr_set_pdeathsig, kill = os.getpid(), 1, int(signal.SIGKILL)
+
+    def preexec() -> None:  # (in the child, between fork and exec: no import, no allocation beyond a call)
+        prctl(pr_set_pdeathsig, kill, 0, 0, 0)
+        if os.getppid() != driver:  # the driver died before the line above: no signal will come
+            os.kill(os.getpid(), kill)
+
+    return preexec
+
+
 def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
     """Run the pending jobs, ``n`` at once, each after the job it needs; a failure is recorded and
     the others go on (a job whose critic failed is blocked). A SIGTERM or SIGINT to the driver is
-    passed on to the running runs (each stops at a step boundary with a checkpoint), then waited for."""
+    passed on to the running runs (each stops at a step boundary with a checkpoint), then waited for;
+    a SIGKILL to the driver kills them too (:func:`die_with_driver`)."""
     pending = [j for j in jobs if j.status == "pending"]
     running: list[Job] = []
     total = len(pending)
     started = 0
+    tie = die_with_driver()
     try:
         while pending or running:
             for j in list(pending):
@@ -470,7 +501,7 @@ def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
                     f.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {j.line()}\n")
                 fh = open(j.log, "a", encoding="utf-8")
                 try:
-                    j.proc = subprocess.Popen(j.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                    j.proc = subprocess.Popen(j.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=tie)
                 finally:
                     fh.close()  # (the child holds its own copy)
                 j.status, j.seconds = "running", time.monotonic()

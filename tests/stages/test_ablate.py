@@ -415,3 +415,48 @@ def test_a_dry_run_writes_nothing_into_a_finished_ablation(tmp_path, data_dir):
         assert files() == before
         said = " ".join(r.output.split())
         assert ("plan.json (seeds 0) is kept" in said) == (seeds == "2"), said[-600:]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, or a pid gone, does not)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the runs die with their driver through Linux's PR_SET_PDEATHSIG")
+def test_a_sigkilled_driver_takes_its_running_train_with_it(format_model, prepared, tmp_path):
+    """Issue 40 item 14: SIGKILL to the driver alone left its `train` running under PID 1 (a rerun then found the run
+    "in use by PID …" and started the next runs beside it). Now the run dies with the driver, and a rerun resumes it."""
+    spec = _spec(tmp_path, format_model, prepared, '[[rung]]\nname = "grpo"\n', steps=100_000)  # (an orphan would train for hours)
+    spec.write_text(spec.read_text().replace("seeds = 2", "seeds = [0]"))
+    out = tmp_path / "abl"
+    run = out / "grpo" / "seed-0"
+    p = subprocess.Popen(_ablate("--spec", spec, "--out", out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        train = None
+        while p.poll() is None and train is None:
+            try:
+                pid = json.loads((run / ".reasonrl.lock").read_text())["pid"]  # (the run's own lock names its process)
+                train = pid if (run / "checkpoints" / "latest").is_file() and _alive(pid) else None  # (training: a checkpoint written)
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+        assert train is not None and train != p.pid, p.stderr.read().decode()[-2000:]
+        os.kill(p.pid, signal.SIGKILL)  # (the driver only: not its process group)
+        p.wait(timeout=60)
+        deadline = time.monotonic() + 60  # (a generous bound: the kernel signals it as the driver exits)
+        while _alive(train) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(train), "the driver's train run outlived it"
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # (whatever is left of the job, should the test fail)
+        except OSError:
+            pass
+    assert not (run / "manifest.json").exists() and (run / "checkpoints" / "latest").is_file()
+    dry = subprocess.run(_ablate("--spec", spec, "--out", out, "--dry-run"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and dry.stdout.strip().endswith("--resume"), dry.stdout + dry.stderr[-2000:]
