@@ -112,7 +112,7 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
               "--min-pass-rate, --max-pass-rate and --unrated filter by a rollout artifact's pass rates: give --rollouts DIR too")
         check(self.skip_solved_epochs >= 0, "skip_solved_epochs must be >= 0 (0 = never)")
         check(self.partial_rollout_len >= 0, f"partial_rollout_len must be >= 0 (tokens per response and round; 0 = off), got {self.partial_rollout_len}")
-        check((self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0),
+        check(self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0,
               f"partial_rollout_len must divide max_response_len ({self.max_response_len}), e.g. {_divisor_near(self.max_response_len, self.max_response_len // 8)} (0 = off)")
         segments = self.max_response_len // self.partial_rollout_len if self.partial_rollout_len else 0
         check(self.max_gen_rounds >= segments, f"with --partial-rollout-len {self.partial_rollout_len} a round is one segment, and a response of "
