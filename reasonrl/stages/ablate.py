@@ -781,6 +781,7 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
             elif old.get("seeds") != plan.seeds:
                 say(f"{out / 'plan.json'} (seeds {', '.join(map(str, old['seeds']))}) is kept: --collect tables those seeds; once these runs "
                     f"finished, the same command without --dry-run skips them and writes the table of seeds {', '.join(map(str, plan.seeds))}")
+            then = f"`reasonrl ablate --collect {out}`" if old is None or old.get("seeds") == plan.seeds else "the same command without --dry-run"
             todo = [j for j in job_list if j.status == "pending"]
             for j in todo:
                 sys.stdout.write(j.line() + "\n")
@@ -788,7 +789,7 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
             skipped = len(job_list) - len(todo)
             say(f"{len(todo)} command(s)" + (f"; {skipped} finished run(s) skipped" if skipped else "")
                 + (f"; the {CRITICS} ones (pretrain-value) must finish before the runs that use them" if any(j.stage == "pretrain-value" for j in todo) else "")
-                + f"; then `reasonrl ablate --collect {out}`")
+                + f"; then {then}")
             return {"commands": [j.line() for j in todo], "plan": doc}
         run.clear(("ablation.json",))  # (the manifest first: a stale table never looks finished)
         with run.writing(("plan.json",)):
