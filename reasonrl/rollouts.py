@@ -212,6 +212,56 @@ def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
+#: The columns of a rollout artifact that its readers need (`train --rollouts`, `pretrain-value
+#: --rollouts`): (the kind of values, what they are). Any other column a `reasonrl rollout` writes
+#: has a harmless default (``extracted``, ``score_status``, ``data_source``, ``kept``, ``pad``).
+ROLLOUT_COLUMNS: dict[str, tuple[str, str]] = {
+    "group": ("int", "the prompt's group"), "prompt_index": ("int", "the prompt's row"), "prompt": ("str", "the chat-formatted prompt"),
+    "prompt_ids": ("ids", "the prompt's token ids"), "response": ("str", "the response text"), "response_ids": ("ids", "the response's token ids"),
+    "logprobs": ("floats", "the sampling log-probs"), "finish_reason": ("str", "why each response ended"), "truncated": ("bool", "cut at max_response_len"),
+    "ground_truth": ("str", "the answer"), "reward": ("number", "the rule reward"), "correct": ("bool", "the pass rates' correctness"),
+    "shaped_reward": ("number", "the rewards a critic learns from"),
+}
+
+
+def check_rollout_columns(table: Any, where: str, fix: str) -> None:
+    """Every column of :data:`ROLLOUT_COLUMNS` present, of its kind, with no null: else a one-line
+    error (``where``: the artifact as the message names it; ``fix``: what to run). A missing
+    ``shaped_reward`` trained a critic on all-zero targets, a missing ``correct`` made every prompt
+    unsolved, the others were a traceback."""
+    import pyarrow.types as pt
+
+    from reasonrl.errors import ReasonRLError
+
+    kinds = {"int": (pt.is_integer, "integers"), "str": (lambda t: pt.is_string(t) or pt.is_large_string(t), "text"),
+             "bool": (pt.is_boolean, "booleans"), "number": (lambda t: pt.is_integer(t) or pt.is_floating(t), "numbers"),
+             "ids": (lambda t: (pt.is_list(t) or pt.is_large_list(t)) and pt.is_integer(t.value_type), "lists of token ids"),
+             "floats": (lambda t: (pt.is_list(t) or pt.is_large_list(t)) and (pt.is_floating(t.value_type) or pt.is_null(t.value_type)), "lists of numbers")}
+    names = table.column_names
+    for col, (kind, what) in ROLLOUT_COLUMNS.items():
+        if col not in names:
+            raise ReasonRLError(f"{where}: rollouts.parquet has no '{col}' column ({what}; its columns: {', '.join(names) or 'none'}): "
+                                f"not a whole `reasonrl rollout` artifact; run `{fix}`")
+        typ = table.schema.field(col).type
+        ok, values = kinds[kind]
+        if not ok(typ):
+            raise ReasonRLError(f"{where}: rollouts.parquet's '{col}' holds {typ}, not {values} ({what}): not a `reasonrl rollout` artifact; run `{fix}`")
+        if table.column(col).null_count:
+            row = next(i for i, v in enumerate(table.column(col).to_pylist(), 1) if v is None)
+            raise ReasonRLError(f"{where}: rollouts.parquet's '{col}' is empty (null) in row {row} ({what}): run `{fix}`")
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A small JSON object file's content, or {} (missing, unreadable, not an object)."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 @dataclass
 class RolloutArtifact:
     """A finished `reasonrl rollout` directory: its manifest and its responses, one group per prompt
@@ -244,20 +294,30 @@ def load_rollout_artifact(path: str | Path, *, option: str) -> RolloutArtifact:
     """The rollout artifact at ``path`` (a `reasonrl rollout` output directory, or its rollouts.parquet),
     read whole. A missing, unfinished or foreign directory, or an empty one, is a one-line error
     naming ``option`` and the stage to run."""
-    from reasonrl.artifacts import read_manifest
+    from reasonrl.artifacts import MANIFEST, MARKER, read_manifest
     from reasonrl.errors import ReasonRLError
 
     p = Path(path)
     if p.name == "rollouts.parquet":
         p = p.parent
     hint = f"reasonrl rollout --out {p}"
+    wants = (f"{option} takes the directory of a `reasonrl rollout --model … --data … --out DIR` (its rollouts.parquet: each prompt's "
+             "responses and rewards); sample one and pass that directory")
+    marker = _json_object(p / MARKER)  # (the run marker: whose directory it is, finished or not)
+    if marker.get("stage") not in (None, "rollout") and not (p / MANIFEST).is_file():
+        raise ReasonRLError(f"{option} {p} is an unfinished `{marker['stage']}` run, not a rollout artifact: {wants}")
     manifest = read_manifest(p, stage="rollout", hint=hint)
     if manifest.get("stage") != "rollout":
-        raise ReasonRLError(f"{option} {p}: a `{manifest.get('stage')}` output, not a rollout artifact: run `{hint}` and pass that directory")
+        stage = manifest.get("stage")
+        raise ReasonRLError(f"{option} {p} is {'a' if stage != 'eval' else 'an'} `{stage}` {'run' if stage == 'train' else 'output'}, not a rollout artifact: {wants}")
+    import pyarrow.parquet as pq
+
     try:
-        recs = read_rollouts(p / "rollouts.parquet")
+        table = pq.read_table(p / "rollouts.parquet")
     except (OSError, ValueError) as e:
         raise ReasonRLError(f"{option} {p}: rollouts.parquet is unreadable ({type(e).__name__}): run `{hint} --overwrite`") from None
+    check_rollout_columns(table, f"{option} {p}", f"{hint} --overwrite")
+    recs = table.to_pylist()
     names = {f.name for f in dataclasses.fields(Sample)}
     groups: dict[int, list[Sample]] = {}
     for r in recs:

@@ -88,6 +88,42 @@ def read_records(path: Path, *, skip_bad_rows: bool, bad: list[BadRow]) -> Itera
         yield from _read_parquet(path)
 
 
+def json_why(e: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON line, and where on it: ``json``'s message ("Invalid control
+    character at") made a phrase ("invalid control character at column 29"), with the fix for the
+    commonest case (a raw tab or line break inside a string)."""
+    msg = e.msg[:1].lower() + e.msg[1:]
+    msg = msg.removesuffix(" at") + f" at column {e.colno}"
+    if e.msg.startswith("Invalid control character"):
+        msg += " (a raw tab or line break inside a string: write it as \\t or \\n)"
+    return msg
+
+
+#: Characters no answer holds: emoji and pictographs (U+1F000–U+1FAFF, U+2600–U+27BF), the emoji
+#: variation selector and the combining keycap.
+_EMOJI = ((0x1F000, 0x1FAFF), (0x2600, 0x27BF), (0xFE0F, 0xFE0F), (0x20E3, 0x20E3))
+
+
+def answer_flaw(answer: str) -> str | None:
+    """Why ``answer`` cannot be a ground truth, or None: a control character (other than a tab or a
+    line break), an invisible or bidirectional formatting character (U+202E shows "81" as "18"), a
+    surrogate, private-use or unassigned code point, or an emoji. `prepare-data` drops such rows
+    (counted as ``bad_characters``) and `eval` skips them (counted), by this one check."""
+    import unicodedata
+
+    for ch in answer:
+        if ch in "\t\n\r":
+            continue
+        cat, code = unicodedata.category(ch), ord(ch)
+        what = {"Cc": "a control character", "Cf": "an invisible or bidirectional formatting character", "Cs": "a lone surrogate",
+                "Co": "a private-use character", "Cn": "an unassigned code point"}.get(cat)
+        if what is None and any(lo <= code <= hi for lo, hi in _EMOJI):
+            what = "an emoji"
+        if what is not None:
+            return f"the answer holds {what} (U+{code:04X})"
+    return None
+
+
 def _skip_hint() -> str:
     return "fix that line or pass --skip-bad-rows to skip bad rows"
 
@@ -107,7 +143,7 @@ def _read_jsonl(path: Path, *, skip_bad_rows: bool, bad: list[BadRow]) -> Iterat
                 try:
                     data = json.loads(text)
                 except json.JSONDecodeError as e:
-                    err = f"not valid JSON ({e.msg}, column {e.colno})"
+                    err = f"not valid JSON: {json_why(e)}"
                 else:
                     if not isinstance(data, dict):
                         err = f"not a JSON object (a {type(data).__name__})"
@@ -133,7 +169,7 @@ def _read_json(path: Path) -> Iterator[Record]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ReasonRLError(
-            f"{path} line {e.lineno}: not valid JSON ({e.msg}): fix the file (a .json file cannot be read in part; --skip-bad-rows skips rows of .jsonl files)"
+            f"{path} line {e.lineno}: not valid JSON: {json_why(e)}: fix the file (a .json file cannot be read in part; --skip-bad-rows skips rows of .jsonl files)"
         ) from None
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]

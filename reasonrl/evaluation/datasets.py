@@ -33,13 +33,22 @@ def dataset_files(dataset: str) -> list[Path]:
     return input_files(p)
 
 
-def load_problems(dataset: str, template: str, *, problem_field: str | None = None, answer_field: str | None = None) -> list[dict[str, Any]]:
+def load_problems(dataset: str, template: str, *, problem_field: str | None = None, answer_field: str | None = None,
+                  skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """Rows in the prepared (verl) shape: prompt messages, reward_model.ground_truth, data_source,
     and ``extra_info.where`` (file and row, for messages). Replicated rows are kept: see
     :func:`reasonrl.evaluation.problems.merge_replicas`. ``problem_field`` / ``answer_field``
-    name the fields of a data file's rows (default: found by name, ``reasonrl.data.readers``)."""
-    from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, read_records
+    name the fields of a data file's rows (default: found by name, ``reasonrl.data.readers``).
+    A row whose ground truth `prepare-data` would drop (``reasonrl.data.readers.answer_flaw``: a
+    control character, an emoji, …) is left out, and named in ``skipped``."""
+    from reasonrl.data.readers import BadRow, NoAnswer, answer_flaw, extract_fields, read_records
     from reasonrl.data.templates import messages_for
+
+    def usable(answer: str, where: str) -> bool:
+        flaw = answer_flaw(answer)
+        if flaw and skipped is not None:
+            skipped.append(f"{where}: {flaw}")
+        return flaw is None
 
     if is_prepared(dataset) and (problem_field or answer_field):
         raise ReasonRLError(f"--problem-field / --answer-field name the fields of a data file, but {dataset} is a prepare-data directory "
@@ -47,14 +56,19 @@ def load_problems(dataset: str, template: str, *, problem_field: str | None = No
     if is_prepared(dataset):
         from reasonrl.data import load_prepared
 
+        from reasonrl.data.prepared import ground_truth
+
         rows = load_prepared(dataset, "validation")
         for i, row in enumerate(rows, start=1):
             row["extra_info"] = {**(row.get("extra_info") or {}), "where": f"validation.parquet row {i}"}
-        return rows
+        return [row for row in rows if usable(ground_truth(row), row["extra_info"]["where"])]
     rows = []
     for f in dataset_files(dataset):
         bad: list[BadRow] = []
-        for rec in read_records(f, skip_bad_rows=False, bad=bad):
+        records = list(read_records(f, skip_bad_rows=True, bad=bad))
+        if bad:  # (`eval` reads every row: no --skip-bad-rows)
+            raise ReasonRLError(f"{bad[0]}: fix that line (an evaluation set is read whole)")
+        for rec in records:
             try:
                 fields = extract_fields(rec, problem_field=problem_field, answer_field=answer_field)
                 if not str(fields.answer).strip():
@@ -63,6 +77,8 @@ def load_problems(dataset: str, template: str, *, problem_field: str | None = No
                 raise ReasonRLError(f"{e}: every evaluation row needs a problem and an answer") from None
             except NoAnswer as e:
                 raise ReasonRLError(f"{f.name} {rec.where}: {e}: every evaluation row needs an answer") from None
+            if not usable(str(fields.answer), f"{f.name} {rec.where}"):
+                continue
             rows.append({
                 "prompt": messages_for(template, fields.problem),
                 "reward_model": {"style": "rule", "ground_truth": str(fields.answer)},
@@ -70,5 +86,5 @@ def load_problems(dataset: str, template: str, *, problem_field: str | None = No
                 "extra_info": {"where": f"{f.name} {rec.where}"},
             })
     if not rows:
-        raise ReasonRLError(f"dataset '{dataset}' has no rows")
+        raise ReasonRLError(f"dataset '{dataset}' has no rows" + (f" with a usable ground truth ({len(skipped)} skipped, e.g. {skipped[0]})" if skipped else ""))
     return rows

@@ -12,7 +12,8 @@ A rerun of the same command skips finished runs (their ``manifest.json``), resum
 checkpoint, which holds nothing to resume), and starts the others. Each train run checkpoints at its
 validation steps (unless the recipe or ``--set save_every`` says otherwise) and keeps the newest
 one. ``--jobs N`` runs N at once; ``--dry-run`` prints the command lines instead (one per line, in
-an order that runs: critics first), for a cluster's scheduler; ``--collect DIR`` builds the table
+an order that runs: critics first), for a cluster's scheduler, and writes nothing but a new
+directory's ``plan.json``; ``--collect DIR`` builds the table
 from whatever finished.
 
 Outputs in ``out/``: ``plan.json`` (the rungs, seeds and each run's command; written first),
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shlex
 import signal
@@ -119,7 +121,8 @@ class AblateConfig(ProgressOpts):
     steps: int | None = opt(None, "Training steps of every run (default: the base recipe's).")
     val_every: int | None = opt(None, "Validate every N steps (default: the base recipe's --val-every; when it has none, at step 0 and at the last step).")
     jobs: int = opt(1, "Runs at once, each its own process.")
-    dry_run: bool = opt(False, "Print each run's command line (one per line, critics first) and run nothing; plan.json is written for --collect.")
+    dry_run: bool = opt(False, "Print each run's command line (one per line, critics first) and run nothing; plan.json is written for --collect "
+                               "into a directory without one (nothing else is written or removed).")
     bootstrap: int = opt(1000, "Bootstrap resamples for the table's intervals.")
     sets: list[str] = opt([], "train overrides for every run (--set key=value, repeatable); a rung's own overrides win.")
 
@@ -442,14 +445,44 @@ def _last_error(log: Path) -> str:
     return (errs[-1] if errs else lines[-1] if lines else "")[:300]
 
 
+def die_with_driver() -> Any:
+    """The ``preexec_fn`` that ties a run to the driver: the kernel SIGKILLs it when the driver dies
+    (Linux's ``PR_SET_PDEATHSIG``), so a SIGKILLed driver (which runs no cleanup) leaves no run
+    training on under PID 1 (a rerun found it "in use by PID …" and started the next runs beside
+    it); the run resumes from its last checkpoint on a rerun. A SIGTERM to the driver still stops the
+    runs gently (:func:`run_jobs`). The signal comes when the *thread* that started the run ends:
+    :func:`run_jobs` starts every run from the driver's thread and waits for them all before it
+    returns, so that thread outlives them (an exception out of it ends them, as it should). A driver
+    killed before the child set the signal is caught by comparing the parent. None off Linux (no
+    equivalent there: the runs then outlive a SIGKILLed driver)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # (looked up here: the child only calls it)
+    except (OSError, AttributeError):
+        return None
+    driver, pr_set_pdeathsig, kill = os.getpid(), 1, int(signal.SIGKILL)
+
+    def preexec() -> None:  # (in the child, between fork and exec: no import, no allocation beyond a call)
+        prctl(pr_set_pdeathsig, kill, 0, 0, 0)
+        if os.getppid() != driver:  # the driver died before the line above: no signal will come
+            os.kill(os.getpid(), kill)
+
+    return preexec
+
+
 def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
     """Run the pending jobs, ``n`` at once, each after the job it needs; a failure is recorded and
     the others go on (a job whose critic failed is blocked). A SIGTERM or SIGINT to the driver is
-    passed on to the running runs (each stops at a step boundary with a checkpoint), then waited for."""
+    passed on to the running runs (each stops at a step boundary with a checkpoint), then waited for;
+    a SIGKILL to the driver kills them too (:func:`die_with_driver`)."""
     pending = [j for j in jobs if j.status == "pending"]
     running: list[Job] = []
     total = len(pending)
     started = 0
+    tie = die_with_driver()
     try:
         while pending or running:
             for j in list(pending):
@@ -468,7 +501,7 @@ def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
                     f.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {j.line()}\n")
                 fh = open(j.log, "a", encoding="utf-8")
                 try:
-                    j.proc = subprocess.Popen(j.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                    j.proc = subprocess.Popen(j.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=tie)
                 finally:
                     fh.close()  # (the child holds its own copy)
                 j.status, j.seconds = "running", time.monotonic()
@@ -587,6 +620,14 @@ def _paired(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]],
     return {**_with_ci(diffs, n_boot), "problems": sum(map(len, diffs)), "seeds": seeds}  # (ci_problems: paired_difference's interval)
 
 
+def _steps_differ(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]]) -> list[dict[str, int]]:
+    """The paired seeds whose final validations are at different steps (early stopping, or another
+    ``val_every`` in a run made elsewhere): their Δ final compares two training lengths, and their
+    Δ AUC curves of two spans."""
+    return [{"seed": s, "final_step": after[s]["final_step"], "previous_final_step": before[s]["final_step"]} for s in sorted(after)
+            if s in before and after[s]["where"] == before[s]["where"] and after[s]["final_step"] != before[s]["final_step"]]
+
+
 def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot: int) -> dict[str, Any]:
     """ablation.json: one entry per rung (the numbers of its finished runs) and each run's status."""
     rows: list[dict[str, Any]] = []
@@ -620,6 +661,9 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
             row["curves"] = {str(s): v["curve"] for s, v in stats.items()}
             if prev:
                 row["vs_previous"] = {"rung": prev_name, "final": _paired(stats, prev, "final", n_boot), "auc": _paired(stats, prev, "auc", n_boot)}
+                differ = _steps_differ(stats, prev)
+                if differ:
+                    row["vs_previous"]["steps_differ"] = differ
         rows.append(row)
         prev, prev_name = stats, r["name"]
     bad = [f"{r['name']}/seed-{s}" for r in rows for s, v in r["runs"].items() if v["status"] in ("failed", "blocked", "no validation")]
@@ -664,14 +708,22 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
                  caption="peak: a run's largest resident memory (trainer and engine); checkpoint: its last one's size (- once deleted)")
     for c in ("rung", "s/step", "peak GiB", "checkpoint MiB"):
         cost.add_column(c, justify="left" if c == "rung" else "right")
+    notes = []
     for r in doc["rungs"]:
         bad = [s for s, v in r["runs"].items() if v["status"] not in ("finished", "unfinished")]
         seeds = f"{len(r['seeds_finished'])}/{len(r['runs'])}" + (f" [red]{len(bad)} failed[/]" if bad else "")
         vs = (r.get("vs_previous") or {}).get("final")
-        acc.add_row(r["name"], seeds, _pct(r.get("final")), _pct(r.get("best"), ci=False), _pct(r.get("auc"), ci=False), _pct(vs, signed=True))
+        differ = (r.get("vs_previous") or {}).get("steps_differ") or []
+        if differ:  # a Δ over two training lengths: marked, and said under the table
+            notes.append(f"† {r['name']}: final validations at different steps ("
+                         + ", ".join(f"seed {d['seed']}: step {d['final_step']} vs {d['previous_final_step']}" for d in differ) + ")")
+        acc.add_row(r["name"], seeds, _pct(r.get("final")), _pct(r.get("best"), ci=False), _pct(r.get("auc"), ci=False),
+                    _pct(vs, signed=True) + ("†" if differ else ""))
         train.add_row(r["name"], _num(r.get("entropy_final")), _num(r.get("clipfrac_upper"), "{:.4f}"), _num(r.get("clipfrac_lower"), "{:.4f}"),
                       _num(r.get("response_length"), "{:.1f}"), _num(r.get("truncated_frac"), "{:.2f}"), _num(r.get("ds_rounds"), "{:.2f}"))
         cost.add_row(r["name"], _num(r.get("step_s"), "{:.2f}"), _num(r.get("peak_rss_gib"), "{:.2f}"), _num(r.get("checkpoint_mib"), "{:.1f}"))
+    if notes:
+        acc.caption = f"{acc.caption}\n" + "\n".join(notes) + " (early stopping, or another val_every: the Δ compares two training lengths)"
     console.print(acc)
     console.print(train)
     console.print(cost)
@@ -713,6 +765,7 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
         jobs = {}
     else:
         assert plan is not None
+        old = None
         if (out / "plan.json").is_file():
             old = _read_plan(out)
             changed = [k for k, v in plan.what().items() if old.get(k) != v]
@@ -721,10 +774,14 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
                                     "be redone; rerun with its settings or choose another --out")
         job_list = make_jobs(plan, out)
         doc = _plan_doc(plan, job_list)
-        run.clear(("ablation.json",))  # (the manifest first: a stale table never looks finished)
-        with run.writing(("plan.json",)):
-            write_json(out / "plan.json", doc)
-        if cfg.dry_run:
+        if cfg.dry_run:  # its plan, and nothing else: a finished ablation's table and manifest stay
+            if old is None:
+                with run.writing(("plan.json",)):
+                    write_json(out / "plan.json", doc)  # (for --collect)
+            elif old.get("seeds") != plan.seeds:
+                say(f"{out / 'plan.json'} (seeds {', '.join(map(str, old['seeds']))}) is kept: --collect tables those seeds; once these runs "
+                    f"finished, the same command without --dry-run skips them and writes the table of seeds {', '.join(map(str, plan.seeds))}")
+            then = f"`reasonrl ablate --collect {out}`" if old is None or old.get("seeds") == plan.seeds else "the same command without --dry-run"
             todo = [j for j in job_list if j.status == "pending"]
             for j in todo:
                 sys.stdout.write(j.line() + "\n")
@@ -732,8 +789,11 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
             skipped = len(job_list) - len(todo)
             say(f"{len(todo)} command(s)" + (f"; {skipped} finished run(s) skipped" if skipped else "")
                 + (f"; the {CRITICS} ones (pretrain-value) must finish before the runs that use them" if any(j.stage == "pretrain-value" for j in todo) else "")
-                + f"; then `reasonrl ablate --collect {out}`")
+                + f"; then {then}")
             return {"commands": [j.line() for j in todo], "plan": doc}
+        run.clear(("ablation.json",))  # (the manifest first: a stale table never looks finished)
+        with run.writing(("plan.json",)):
+            write_json(out / "plan.json", doc)
         skipped = [j for j in job_list if j.status == "skipped"]
         say(f"[bold]ablate[/] {plan.source}: {len(plan.rungs)} rung{'s' * (len(plan.rungs) != 1)} × {len(plan.seeds)} seed{'s' * (len(plan.seeds) != 1)}, {plan.steps} steps, validation every {plan.val_every}"
             + (f"; {len(skipped)} finished run(s) skipped" if skipped else "") + f" → {out}")

@@ -119,7 +119,11 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     from reasonrl.tracking import RunLog
 
     console = console or Console(stderr=True)
-    loaded = load_problems(cfg.dataset, cfg.template, problem_field=cfg.problem_field, answer_field=cfg.answer_field)
+    skipped: list[str] = []
+    loaded = load_problems(cfg.dataset, cfg.template, problem_field=cfg.problem_field, answer_field=cfg.answer_field, skipped=skipped)
+    if skipped:
+        console.print(f"[yellow]{cfg.dataset}: {len(skipped)} rows skipped, their ground truth unusable (as prepare-data drops them): "
+                      f"{skipped[0]}" + (f"; … ({len(skipped) - 1} more)" if len(skipped) > 1 else "") + "[/]")
     problems = merge_replicas(loaded, [r["extra_info"]["where"] for r in loaded])
     rows = problems.rows[: cfg.max_problems] if cfg.max_problems else problems.rows
     if problems.merged_rows:
@@ -158,6 +162,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         "model": str(gen.model_dir),
         **({"base_model": str(gen.base_dir)} if gen.base_dir is not None else {}),  # (--model: a LoRA adapter on this base)
         "problems": len(groups),
+        **({"skipped_rows": {"bad_characters": len(skipped)}} if skipped else {}),
         "n": cfg.n,
         "responses": len(flat),
         "metrics": metrics,

@@ -164,6 +164,8 @@ def open_generation(cfg: Any, model_dir: Path | None = None, *, rows: int = 0) -
     adapter = Path(cfg.model) if model_dir is None and is_adapter_dir(cfg.model) else None
     md = check_weights(adapter_base(adapter), cfg.allow_pickle) if adapter is not None else (model_dir or cfg.policy_dir())
     merged = adapter_merged_weights(adapter, md, allow_pickle=cfg.allow_pickle) if adapter is not None else None
+    if adapter is not None:
+        check_adapter_finite(adapter, merged)
     tok = load_tokenizer(md)
     waves = math.ceil(rows / (cfg.max_num_seqs or ENGINE_ROWS_AT_ONCE))  # (each wave decodes up to L_max steps)
     engine = make_engine(cfg, str(md), seed=cfg.seed, max_model_len=cfg.max_prompt_len + cfg.max_response_len, decode_steps=waves * cfg.max_response_len)
@@ -174,6 +176,34 @@ def open_generation(cfg: Any, model_dir: Path | None = None, *, rows: int = 0) -
             engine.close()
             raise
     return Generation(engine, tok, RewardScorer(reward=cfg.reward), adapter or md, base_dir=md if adapter is not None else None)
+
+
+def check_adapter_finite(adapter: Path, merged: dict[str, Any]) -> None:
+    """A NaN or inf in an adapter's weights (a run that diverged, a damaged file) is a one-line error
+    naming the file and the tensor: the engine would sample from it without a word. The
+    safetensors file's own tensors are checked (small); a pickled adapter's, through ``merged``."""
+    import torch
+
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.models.lora import ADAPTER_WEIGHTS
+
+    def finite(t: Any) -> bool:
+        return not t.is_floating_point() or bool(torch.isfinite(t).all())
+
+    f = adapter / ADAPTER_WEIGHTS
+    if f.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt") as st:
+            bad = next((k for k in st.keys() if not finite(st.get_tensor(k))), None)
+        where = "in"
+    else:
+        f = next(iter(sorted(adapter.glob("adapter_model.*"))), adapter)
+        bad = next((k for k, v in merged.items() if not finite(v)), None)
+        where = "merged into"
+    if bad is not None:
+        raise ReasonRLError(f"{f}: the adapter's weights are not finite (NaN or inf {where} {bad}): it would generate garbage; "
+                            "pass an adapter saved before its run diverged (an earlier checkpoint's policy/)")
 
 
 BACKENDS = ("torch", "deepspeed")

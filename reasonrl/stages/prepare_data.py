@@ -28,7 +28,7 @@ from reasonrl.config import check, check_seed, opt, to_dict
 from reasonrl.data.decontaminate import EvalIndex, normalise_text
 from reasonrl.data.prepared import SPLITS, STAGE
 from reasonrl.data.transform import IntegerProblem, Rewriter, integerize
-from reasonrl.data.readers import BadRow, NoAnswer, extract_fields, input_files, read_records
+from reasonrl.data.readers import BadRow, NoAnswer, answer_flaw, extract_fields, input_files, read_records
 from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.errors import ReasonRLError
 from reasonrl.evaluation.sets import EVAL_SETS
@@ -348,6 +348,10 @@ def _read_and_integerize(cfg: PrepareConfig, files: list[tuple[str, Path]], rewr
                 _sample(r.dropped_samples, "no_answer", f"{rec.source} {rec.where}: {e}", cfg.sample_per_rule)
                 continue
             answer_text = _answer_text(fields.answer)
+            if answer_flaw(answer_text):  # (the check `eval` shares: it skips such rows too)
+                r.dropped["bad_characters"] += 1
+                _sample(r.dropped_samples, "bad_characters", f"{rec.source} {rec.where}: {answer_text!r}", cfg.sample_per_rule)
+                continue
             result = integerize(fields.problem, fields.answer, rewriter=rewriter if cfg.integerize else None)
             if isinstance(result, IntegerProblem) and not cfg.integerize and result.rule != "integer":
                 reason = "not_integer"

@@ -111,7 +111,8 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
         check(bool(self.rollouts) or (self.min_pass_rate, self.max_pass_rate, self.unrated) == (0.0, 1.0, "keep"),
               "--min-pass-rate, --max-pass-rate and --unrated filter by a rollout artifact's pass rates: give --rollouts DIR too")
         check(self.skip_solved_epochs >= 0, "skip_solved_epochs must be >= 0 (0 = never)")
-        check(self.partial_rollout_len >= 0 and (self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0),
+        check(self.partial_rollout_len >= 0, f"partial_rollout_len must be >= 0 (tokens per response and round; 0 = off), got {self.partial_rollout_len}")
+        check(self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0,
               f"partial_rollout_len must divide max_response_len ({self.max_response_len}), e.g. {_divisor_near(self.max_response_len, self.max_response_len // 8)} (0 = off)")
         segments = self.max_response_len // self.partial_rollout_len if self.partial_rollout_len else 0
         check(self.max_gen_rounds >= segments, f"with --partial-rollout-len {self.partial_rollout_len} a round is one segment, and a response of "
@@ -159,8 +160,7 @@ def rated_prompts(cfg: TrainConfig, rows: list[dict[str, Any]], tokenizer: Any) 
         raise ReasonRLError(f"--rollouts {art.path} shares no prompt with --data {cfg.data} (other data, or another chat template): "
                             f"run `reasonrl rollout --data {cfg.data} --model {cfg.model}` and pass its directory")
     if not kept:
-        raise ReasonRLError(f"--rollouts {art.path}: no prompt has {cfg.min_pass_rate:g} < pass rate < {cfg.max_pass_rate:g} ({counts.dropped_solved} "
-                            f"solved, {counts.dropped_unsolved} unsolved): widen --min-pass-rate / --max-pass-rate")
+        raise ReasonRLError(f"--rollouts {art.path}: no prompt has {cfg.min_pass_rate:g} < pass rate < {cfg.max_pass_rate:g} ({counts.dropped()}): widen --min-pass-rate / --max-pass-rate")
     return kept, counts
 
 

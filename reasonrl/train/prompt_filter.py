@@ -21,8 +21,8 @@ class FilterCounts:
 
     prompts: int = 0  # training prompts before the filter
     kept: int = 0
-    dropped_solved: int = 0  # p >= max_rate
-    dropped_unsolved: int = 0  # p <= min_rate
+    dropped_solved: int = 0  # p >= max_rate (solved when max_rate is 1; the key's name kept for summary.json)
+    dropped_unsolved: int = 0  # p <= min_rate (unsolved when min_rate is 0)
     unrated: int = 0  # not in the artifact (kept or dropped as ``unrated`` says)
     unrated_policy: str = "keep"
     min_rate: float = 0.0
@@ -31,10 +31,18 @@ class FilterCounts:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def dropped(self) -> str:
+        """The prompts the bounds dropped, counted by the bound that dropped them ("unsolved" and
+        "solved" only where the bound is 0 or 1: a prompt at 0.5 under --min-pass-rate 0.5 is neither)."""
+        def named(n: int, bound: str, rate: float, word: str) -> str:
+            return f"{n} at pass rate {bound} {rate:g}" + (f" ({word})" if rate == (0 if word == "never solved" else 1) else "")
+
+        return f"{named(self.dropped_unsolved, '<=', self.min_rate, 'never solved')}, {named(self.dropped_solved, '>=', self.max_rate, 'always solved')}"
+
     def line(self) -> str:
         """One console line."""
-        return (f"kept {self.kept} of {self.prompts} prompts with {self.min_rate:g} < pass rate < {self.max_rate:g}: dropped {self.dropped_solved} "
-                f"solved, {self.dropped_unsolved} unsolved; {self.unrated} not in the rollouts ({'kept' if self.unrated_policy == 'keep' else 'dropped'})")
+        return (f"kept {self.kept} of {self.prompts} prompts with {self.min_rate:g} < pass rate < {self.max_rate:g}: dropped {self.dropped()}; "
+                f"{self.unrated} not in the rollouts ({'kept' if self.unrated_policy == 'keep' else 'dropped'})")
 
 
 def filter_prompts(rows: Sequence[dict[str, Any]], key: Callable[[dict[str, Any]], str], rates: dict[str, tuple[int, int]], *,

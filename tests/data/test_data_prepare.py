@@ -392,3 +392,35 @@ def test_rewriter_hook_reaches_the_rows(tmp_path, write_jsonl):
     assert report["rewriter"] is True
     half = next(r for r in load_prepared(tmp_path / "out") if r["extra_info"]["rule"] == "fraction")
     assert half["extra_info"]["raw_problem"].endswith("(fraction) Give m+n.") and half["reward_model"]["ground_truth"] == "3"
+
+
+def test_a_json_error_names_the_file_line_and_column(tmp_path):
+    """Issue 40 item 19: a raw tab in a string read "not valid JSON (Invalid control character at, column 29)"."""
+    line = '{"problem": "What is 1 +\t1?", "answer": "2"}'
+    assert line.index("\t") + 1 == 25
+    for name, content, where in (("t.jsonl", '{"problem": "P1", "answer": "1"}\n' + line + "\n", "line 2"), ("t.json", "[\n" + line + "\n]", "line 2")):
+        path = tmp_path / name
+        path.write_text(content)
+        with pytest.raises(ReasonRLError) as err:
+            prepare(tmp_path, [path])
+        text = str(err.value)
+        assert f"{path} {where}: not valid JSON: invalid control character at column 25 (a raw tab or line break inside a string: write it as \\t or \\n)" in text, text
+        assert "at," not in text and "at)" not in text
+
+
+def test_answers_with_control_characters_emoji_or_bidi_controls_are_dropped(tmp_path):
+    """Issue 40 item 19: the ground truths prepare-data drops as unreadable (a NUL, an emoji, a right-to-left override that
+    shows '81' as '18'), with --keep-non-integer too, by the check `eval file` shares (reasonrl.data.readers.answer_flaw)."""
+    from reasonrl.data.readers import answer_flaw
+
+    bad = {"\x00": "U+0000", "😀": "U+1F600", "\u202e81": "U+202E", "4\u200b2": "U+200B"}
+    for answer, code in bad.items():
+        assert code in (answer_flaw(answer) or ""), answer
+    for fine in ("42", "\\frac{1}{2}", "90°", "x^2 + 1", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "(1,\n2)", "π", "√2", "½"):
+        assert answer_flaw(fine) is None, fine
+    rows = [{"problem": f"Problem {i}?", "answer": a} for i, a in enumerate([*bad, "7"])]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for keep in (False, True):
+        report, out = prepare(tmp_path, [tmp_path / "a.jsonl"], name=f"o{keep}", val_fraction=0.0, keep_non_integer=keep)
+        assert report["dropped"] == {"bad_characters": 4} and report["kept"] == 1, report["dropped"]
+        assert [r["reward_model"]["ground_truth"] for r in rows_of(out)] == ["7"]

@@ -350,3 +350,113 @@ def test_a_spec_plans_its_rungs_and_critics(tmp_path):
     assert critic.stage == "pretrain-value" and critic.seed == 3 and "steps=4" in critic.argv and "engine=hf" in critic.argv
     assert not any(a.startswith("lr=") for a in critic.argv)  # (pretrain-value has critic_lr, not lr)
     assert [j.label for j in jobs if j.needs is critic] == ["vc/seed-3"]
+
+
+# ------------------------------------------------------------------------------------ the table (no runs)
+
+
+def _finished_run(d: Path, vals: dict[int, list[float]]) -> None:
+    """A finished train run as the table reads it: its manifest, validation.jsonl (per problem) and metrics.jsonl."""
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({"stage": "train"}))
+    (d / "validation.jsonl").write_text("".join(json.dumps({"step": s, "where": ["p1", "p2"], "avg@2": v}) + "\n" for s, v in vals.items()))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "actor/entropy": 0.5}) + "\n" for s in range(max(vals) + 1)))
+
+
+def test_the_delta_says_when_final_validations_are_at_different_steps(tmp_path):
+    """Early stopping (or another val_every) ends a rung's runs at another step: its Δ final then pairs step 6
+    with step 8, which the table marks and ablation.json names, seed by seed (the same steps: no mark)."""
+    from rich.console import Console
+
+    from reasonrl.stages.ablate import print_table, summarise
+
+    out = tmp_path / "abl"
+    _finished_run(out / "a" / "seed-0", {0: [0.0, 0.0], 4: [0.5, 0.0], 8: [0.5, 0.5]})
+    _finished_run(out / "a" / "seed-1", {0: [0.0, 0.0], 4: [0.5, 0.0], 8: [1.0, 0.5]})
+    _finished_run(out / "b" / "seed-0", {0: [0.0, 0.0], 4: [1.0, 0.5], 6: [1.0, 0.0]})  # early-stopped at 6
+    _finished_run(out / "b" / "seed-1", {0: [0.0, 0.0], 4: [0.5, 0.5], 8: [1.0, 1.0]})
+    _finished_run(out / "c" / "seed-0", {0: [0.0, 0.0], 4: [0.5, 0.5], 6: [1.0, 1.0]})
+    _finished_run(out / "c" / "seed-1", {0: [0.0, 0.0], 4: [0.5, 0.5], 8: [1.0, 1.0]})
+    plan = {"source": "spec", "base": "x.toml", "steps": 8, "val_every": 4, "seeds": [0, 1],
+            "rungs": [{"name": n, "sets": {}, "pretrained_critic": False} for n in "abc"]}
+    doc = summarise(plan, out, {}, 20)
+    a, b, c = doc["rungs"]
+    assert b["vs_previous"]["steps_differ"] == [{"seed": 0, "final_step": 6, "previous_final_step": 8}]
+    assert b["vs_previous"]["final"]["value"] == pytest.approx(0.125)  # (still the paired difference of the final validations)
+    assert "steps_differ" not in c["vs_previous"]  # b and c end at the same steps, seed by seed
+    assert "vs_previous" not in a
+    console = Console(record=True, width=80)
+    print_table(doc, console)
+    text = console.export_text()
+    row = next(ln for ln in text.splitlines() if ln.strip().startswith("b "))
+    assert "†" in row and "†" not in next(ln for ln in text.splitlines() if ln.strip().startswith("c "))
+    assert "† b: final validations at different steps (seed 0: step 6 vs 8)" in " ".join(text.split())
+
+
+def test_a_dry_run_writes_nothing_into_a_finished_ablation(tmp_path, data_dir):
+    """`--dry-run` with other --seeds on a finished ablation: its commands printed, and manifest.json, ablation.json and
+    plan.json left as they were (it deleted the first two and replaced the plan)."""
+    out = tmp_path / "abl"
+    first = run_cli("ablate", "--preset", "dapo", "--seeds", "1", "--set", f"data={data_dir}", "--out", out, "--dry-run")
+    assert first.exit_code == 0, first.output
+    assert (out / "plan.json").is_file()  # (a dry run into a new directory writes its plan, for --collect)
+    (out / "ablation.json").write_text('{"complete": true}')
+    (out / "manifest.json").write_text(json.dumps({"stage": "ablate"}))
+
+    def files() -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".reasonrl.lock"}  # (the lock names its holder)
+
+    before = files()
+    assert {"plan.json", "ablation.json", "manifest.json"} <= set(before)
+    for seeds in ("2", "1"):
+        r = run_cli("ablate", "--preset", "dapo", "--seeds", seeds, "--set", f"data={data_dir}", "--out", out, "--dry-run")
+        assert r.exit_code == 0, r.output
+        assert len([ln for ln in r.output.splitlines() if " -m reasonrl.cli train " in ln]) == 6 * int(seeds)
+        assert files() == before
+        said = " ".join(r.output.split())
+        assert ("plan.json (seeds 0) is kept" in said) == (seeds == "2"), said[-600:]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, or a pid gone, does not)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the runs die with their driver through Linux's PR_SET_PDEATHSIG")
+def test_a_sigkilled_driver_takes_its_running_train_with_it(format_model, prepared, tmp_path):
+    """Issue 40 item 14: SIGKILL to the driver alone left its `train` running under PID 1 (a rerun then found the run
+    "in use by PID …" and started the next runs beside it). Now the run dies with the driver, and a rerun resumes it."""
+    spec = _spec(tmp_path, format_model, prepared, '[[rung]]\nname = "grpo"\n', steps=100_000)  # (an orphan would train for hours)
+    spec.write_text(spec.read_text().replace("seeds = 2", "seeds = [0]"))
+    out = tmp_path / "abl"
+    run = out / "grpo" / "seed-0"
+    p = subprocess.Popen(_ablate("--spec", spec, "--out", out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        train = None
+        while p.poll() is None and train is None:
+            try:
+                pid = json.loads((run / ".reasonrl.lock").read_text())["pid"]  # (the run's own lock names its process)
+                train = pid if (run / "checkpoints" / "latest").is_file() and _alive(pid) else None  # (training: a checkpoint written)
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+        assert train is not None and train != p.pid, p.stderr.read().decode()[-2000:]
+        os.kill(p.pid, signal.SIGKILL)  # (the driver only: not its process group)
+        p.wait(timeout=60)
+        deadline = time.monotonic() + 60  # (a generous bound: the kernel signals it as the driver exits)
+        while _alive(train) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(train), "the driver's train run outlived it"
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # (whatever is left of the job, should the test fail)
+        except OSError:
+            pass
+    assert not (run / "manifest.json").exists() and (run / "checkpoints" / "latest").is_file()
+    dry = subprocess.run(_ablate("--spec", spec, "--out", out, "--dry-run"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert dry.returncode == 0 and dry.stdout.strip().endswith("--resume"), dry.stdout + dry.stderr[-2000:]

@@ -124,3 +124,10 @@ def test_bad_lr_schedules_are_one_line_errors(tmp_path):
                              (["--warmup-steps", "-1"], "warmup_steps must be >= 0")]:
             assert_user_error(run_cli(stage, *args, "--out", tmp_path / "o"), needle)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_negative_partial_rollout_len_is_said_to_be_negative(tmp_path):
+    """Issue 40 item 19: `--partial-rollout-len -4` said "must divide max_response_len (16)"."""
+    r = run_cli("train", "--partial-rollout-len", "-4", "--max-response-len", "16", "--out", tmp_path / "o")
+    assert_user_error(r, "partial_rollout_len must be >= 0", "got -4")
+    assert "divide" not in r.output
