@@ -21,6 +21,24 @@ Processes, not threads or signals: math-verify's own timeout uses ``signal.alarm
 works in the main thread; the caller here may be any thread (a rollout worker, an async reward
 loop). The scorer itself uses no signals.
 
+Starting and stopping at any instant (#43). A spawned worker first unpickles its state (the pool's
+queues and their named semaphores) and only then runs our code; a parent that stops while a worker
+is being spawned must not release those semaphores under it (the worker would print multiprocessing's
+``FileNotFoundError`` traceback from ``SemLock._rebuild`` onto the console). So: (1) the pool is
+known, with every process it has spawned, from before its first spawn, and a stop at any point of a
+start (or a step) SIGKILLs them before the parent releases anything (a SIGKILLed worker prints
+nothing); (2) a spawn is never cut in half: SIGTERM and SIGINT are held while the pool's processes
+are spawned (a few milliseconds; the handler runs right after, with every spawned worker known) --
+without that, a stop landing between a worker's start and its registration leaves a worker nobody
+kills; (3) the workers are spawned with SIGTERM and SIGINT blocked, so a Ctrl-C or a scheduler's
+SIGTERM to the process group cannot interrupt them (a KeyboardInterrupt traceback) before their
+initializer ignores both. A worker whose parent was SIGKILLed (no cleanup) still finds the
+semaphores (multiprocessing's resource tracker removes them only after every worker is gone) and
+exits quietly at its first line (:func:`_die_with_parent`). Left: a SIGKILL in the microseconds
+between a worker's fork and the parent's write of its state (the worker reads a truncated stream).
+Held and blocked rather than redirecting the workers' stderr: the workers' own errors stay visible,
+and the stdlib's pool is used unchanged.
+
 Start method: "spawn" by default. The trainer process holds torch (and possibly CUDA) state and
 many threads, which ``fork`` can copy into a deadlocked child; "spawn" starts each worker as a
 fresh interpreter on every platform, sharing nothing. "forkserver" is also accepted (a little
@@ -32,16 +50,18 @@ creates the scorer at import time needs an ``if __name__ == "__main__":`` guard.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import weakref
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from reasonrl.errors import ReasonRLError
 from reasonrl.rewards.extract import extract_answer
@@ -93,14 +113,15 @@ def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None, rewar
     item's time limit is spent on another worker's imports. ``owner``: the scorer's process, which
     may already be gone when this runs (killed while the pool was spawning).
     """
-    import signal
-
     _die_with_parent(owner)
     try:
         # Ctrl-C (and a scheduler's SIGTERM) reach the whole process group; the parent decides what
-        # happens to workers (it may finish its step first), and a worker outlives no parent.
+        # happens to workers (it may finish its step first), and a worker outlives no parent. (Spawned
+        # with both blocked, see _stops_held: ignored first, then unblocked, any pending one dropped.)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         if memory_limit_mb:
             import resource
 
@@ -179,6 +200,37 @@ def _worker_plugin(spec: str, response: str, ground_truth: str, info: dict[str, 
 # Parent side.
 
 
+_STOPS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait until the block is done (then their handlers run, once each).
+
+    In the main thread the Python handlers are swapped for one that notes the signal (Python runs
+    handlers in the main thread only, whichever thread the OS delivered to) and the signal is raised
+    again after; elsewhere a signal interrupts the main thread, not this block. Both are also blocked
+    in this thread, so the processes it spawns start with them blocked (the worker's initializer
+    ignores, then unblocks them)."""
+    main = threading.current_thread() is threading.main_thread()
+    noted: list[int] = []
+    previous: dict[int, Any] = {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        if main:
+            for s in _STOPS:
+                if signal.getsignal(s) is not None:  # (None: a handler not set from Python, left alone)
+                    previous[s] = signal.signal(s, lambda signum, frame: noted.append(signum))
+        yield
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (one that came while blocked is noted: the handlers are still swapped)
+        for s, h in previous.items():
+            signal.signal(s, h)  # (runs a pending noting handler first)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
+
+
 class _PoolStartError(RuntimeError):
     pass
 
@@ -190,25 +242,34 @@ class RewardPluginError(ReasonRLError):
 class _Pool:
     """One ProcessPoolExecutor and its processes; ``kill`` never blocks for long."""
 
-    def __init__(self, executor: ProcessPoolExecutor, processes: list[Any]) -> None:
+    def __init__(self, executor: ProcessPoolExecutor) -> None:
         self.executor = executor
-        self.processes = processes
+        # The executor's own record of its processes, kept from before the first spawn (a worker
+        # enters it as it is spawned; the executor drops the record at shutdown, this keeps it).
+        spawned = getattr(executor, "_processes", None)  # (the same dict, not a copy: it is empty now)
+        self._spawned: dict[int, Any] = spawned if spawned is not None else {}
+
+    @property
+    def processes(self) -> list[Any]:
+        return list(self._spawned.values())
 
     def kill(self) -> None:
         """Shut the pool down now: SIGKILL its workers (idle or stuck) and reap them."""
-        kill_workers = getattr(self.executor, "kill_workers", None)  # Python >= 3.14
-        if not self.processes and kill_workers is not None:
-            kill_workers()
-            return
-        try:
-            self.executor.shutdown(wait=False, cancel_futures=True)
-        except Exception:  # noqa: BLE001
-            pass
-        for p in self.processes:
-            if p.is_alive():
-                p.kill()
-        for p in self.processes:
-            p.join(5.0)
+        with _stops_held():  # (a second signal does not cut the kill short: no worker is left unkilled)
+            processes = self.processes
+            kill_workers = getattr(self.executor, "kill_workers", None)  # Python >= 3.14
+            if not processes and kill_workers is not None:
+                kill_workers()
+                return
+            try:
+                self.executor.shutdown(wait=False, cancel_futures=True)
+            except Exception:  # noqa: BLE001
+                pass
+            for p in processes:
+                if p.is_alive():
+                    p.kill()
+            for p in processes:
+                p.join(5.0)
 
 
 class _PoolHolder:
@@ -304,22 +365,20 @@ class RewardScorer:
             initializer=_worker_init,
             initargs=(barrier, self.startup_timeout_s, self.memory_limit_mb, self.reward, os.getpid()),
         )
-        pool: _Pool | None = None
+        pool = _Pool(executor)  # (known before its first spawn: a stop from here on kills what it spawned)
         try:
             # With spawn/forkserver, each submit that finds no idle worker starts one: n pings
-            # start all n workers, and the barrier in their initializer lines them up.
-            pings = [executor.submit(_worker_ping) for _ in range(n)]
-            pool = _Pool(executor, list(getattr(executor, "_processes", {}).values()))
+            # start all n workers, and the barrier in their initializer lines them up. No stop
+            # lands inside a spawn (see the module doc).
+            with _stops_held():
+                pings = [executor.submit(_worker_ping) for _ in range(n)]
             done, not_done = wait(pings, timeout=self.startup_timeout_s)
             if not_done:
                 raise _PoolStartError(f"verifier pool did not start within {self.startup_timeout_s:.0f} s")
             for f in done:
                 f.result()  # raises BrokenProcessPool when a worker died while starting
         except BaseException as e:
-            if pool is not None:
-                pool.kill()
-            else:
-                executor.shutdown(wait=False, cancel_futures=True)
+            pool.kill()
             if isinstance(e, Exception) and not isinstance(e, _PoolStartError):
                 raise _PoolStartError(f"verifier pool failed to start: {e!r}") from e
             raise

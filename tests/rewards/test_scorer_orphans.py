@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
@@ -107,3 +109,72 @@ def test_workers_exit_when_the_parent_is_killed_while_the_pool_starts(tmp_path) 
         for pid in left[delay]:  # (clean up what a failure leaves)
             os.kill(pid, signal.SIGKILL)
     assert not any(left.values()), f"processes outlived their killed parent (by kill delay): {left}"
+
+
+# ------------------------------------------------------------------ a stop while a worker is being spawned (#43)
+
+#: The real CLI, run by this script as its __main__: the scorer as `train` and `eval` use it. A worker
+#: imports its parent's main script (as __mp_main__) before it unpickles its state (the pool's queues
+#: and semaphores), so the script's worker branch holds a freshly spawned worker there until the
+#: parent has released what it owns at exit (its last exit finalizer), then lets it go on: the moment
+#: the traceback of #43 came from. The parent branch makes the SIGTERM land as a worker of the pool
+#: has just been spawned (when the pool's first process has started), the window of #43.
+WINDOW = """
+import os, signal, sys, time
+from pathlib import Path
+
+MARK = Path(os.environ["REASONRL_WINDOW_DIR"])
+if __name__ == "__mp_main__":  # a worker, at its start
+    (MARK / f"worker-{os.getpid()}").write_text("")
+    deadline = time.monotonic() + 60
+    while not (MARK / "released").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+elif __name__ == "__main__":
+    import multiprocessing.process
+    import multiprocessing.util
+
+    # exit priority 0 and made first: runs after the parent's other finalizers (its semaphores' unlinks)
+    multiprocessing.util.Finalize(None, (MARK / "released").touch, exitpriority=0)
+    start = multiprocessing.process.BaseProcess.start
+
+    def start_then_sigterm(self):
+        start(self)
+        if not (MARK / "signalled").exists():
+            (MARK / "signalled").write_text(str(self.pid))
+            signal.raise_signal(signal.SIGTERM)
+
+    multiprocessing.process.BaseProcess.start = start_then_sigterm
+    from reasonrl.cli import main
+
+    main()
+"""
+
+REWARD = "def parity(response, ground_truth, **info):\n    return len(response) % 2 == 0\n"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stage", ["train", "eval"])
+def test_a_sigterm_while_a_worker_is_spawned_is_one_line(stage, tmp_path, tiny_model, prepared) -> None:
+    """SIGTERM lands as the pool's first worker is spawned; the worker unpickles its state only after the
+    parent has released everything it would at exit. The run ends with its one line (exit 143), and no
+    worker prints anything (#43: a FileNotFoundError traceback from SemLock._rebuild) or outlives it."""
+    script, mark = tmp_path / "window.py", tmp_path / "mark"
+    script.write_text(WINDOW)
+    mark.mkdir()
+    (tmp_path / "reward.py").write_text(REWARD)
+    common = ["--model", tiny_model, "--engine", "hf", "--dtype", "fp32", "--max-response-len", "4", "--seed", "1",
+              "--reward", f"{tmp_path / 'reward.py'}:parity"]
+    if stage == "train":
+        args = ["train", "--algo", "grpo", "--data", prepared, "--out", tmp_path / "run", "--group-size", "2", "--prompts-per-step", "2",
+                "--mini-batch-size", "4", "--micro-batch-size", "2", "--steps", "1", *common]
+    else:
+        args = ["eval", "file", "--dataset", prepared, "--out", tmp_path / "run", "--n", "2", "--max-problems", "2", "--ks", "1", *common]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REASONRL_WINDOW_DIR": str(mark), "REASONRL_ORPHAN_MARK": f"{os.getpid()}-w{stage}",
+           "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=500)
+    assert (mark / "signalled").exists(), p.stderr[-3000:]  # the signal came as a worker was being spawned
+    assert p.returncode == 143, p.stderr[-3000:]
+    stops = [ln for ln in p.stderr.splitlines() if ln.startswith("stopped by SIGTERM")]
+    assert len(stops) == 1 and "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr[-3000:]
+    assert p.stderr.rstrip().endswith(stops[0]), p.stderr[-3000:]  # (nothing after the one line)
+    assert not _marked(f"{os.getpid()}-w{stage}")
