@@ -14,8 +14,12 @@ is handed to an idle, warmed-up worker (at most ``num_workers`` items are in fli
 never waits in a queue on the clock). When it runs past that, the item scores -1 with status
 "timeout" and the whole pool is killed (SIGKILL) and replaced on next use: a worker stuck in
 sympy cannot be interrupted or reused, and waiting on it would hang the caller. Items that were
-running next to it are requeued, not penalised. A worker that dies (segfault, OOM kill) breaks
-the pool: its items are rerun one at a time so the culprit is identified and scored "error".
+running next to it keep running to their own deadlines (nothing new is handed out meanwhile), so
+items in flight together time out together, with one pool restart between them. A reward plug-in
+that times out on :data:`PLUGIN_TIMEOUTS_IN_A_ROW` responses in a row stops the run
+(:class:`RewardPluginError`); math-verify's timeouts are per answer and never stop a run. A
+worker that dies (segfault, OOM kill) breaks the pool: its items are rerun one at a time so the
+culprit is identified and scored "error".
 
 Processes, not threads or signals: math-verify's own timeout uses ``signal.alarm``, which only
 works in the main thread; the caller here may be any thread (a rollout worker, an async reward
@@ -235,8 +239,29 @@ class _PoolStartError(RuntimeError):
     pass
 
 
+#: A reward plug-in that times out on this many responses in a row (no reward in between, over
+#: batches) hangs: the run stops with one line naming it instead of paying a time limit and a pool
+#: restart per response (at 8,192 responses a step, hours). Items in flight time out together, so
+#: with the default 2 workers that is two rounds of the time limit and two pool kills.
+PLUGIN_TIMEOUTS_IN_A_ROW = 4
+
+
 class RewardPluginError(ReasonRLError):
-    """A reward plug-in failed on every response of a batch: the run stops (one line, exit 1)."""
+    """A reward plug-in failed on every response of a batch, or timed out on
+    :data:`PLUGIN_TIMEOUTS_IN_A_ROW` responses in a row: the run stops (one line, exit 1).
+    ``stats``: the batch's :class:`ScoreStats` up to the stop."""
+
+    def __init__(self, message: str, stats: ScoreStats | None = None) -> None:
+        super().__init__(message)
+        self.stats = stats
+
+
+class _Hung(Exception):
+    """``in_a_row`` timeouts in a row (``timed_out`` of them in this batch): the plug-in hangs."""
+
+    def __init__(self, in_a_row: int, timed_out: int) -> None:
+        super().__init__(in_a_row)
+        self.in_a_row, self.timed_out = in_a_row, timed_out
 
 
 class _Pool:
@@ -331,6 +356,7 @@ class RewardScorer:
         self.reward = reward
         self._holder = _PoolHolder()
         self._lock = threading.Lock()
+        self._timeouts_in_a_row = 0  # (a plug-in's, over batches: PLUGIN_TIMEOUTS_IN_A_ROW)
         # Runs at garbage collection or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, self._holder.kill)
 
@@ -398,7 +424,7 @@ class RewardScorer:
 
         Returns the scores (in order) and the batch's :class:`ScoreStats`. Bounded time: about
         (items sent to math-verify / workers) x their verify time, plus ``timeout_s`` and a pool
-        restart (a few seconds) per item that times out.
+        restart (a few seconds) per round of items in flight that times out.
         """
         if len(responses) != len(ground_truths):
             raise ValueError(
@@ -466,7 +492,14 @@ class RewardScorer:
                 outcomes = {i: ("ok", call_plugin(*args[i])) for i in range(n)}
             else:
                 try:
-                    outcomes = self._run_in_pool(list(range(n)), stats, task=lambda i: (_worker_plugin, args[i]))
+                    outcomes = self._run_in_pool(list(range(n)), stats, task=lambda i: (_worker_plugin, args[i]),
+                                                 hung_after=PLUGIN_TIMEOUTS_IN_A_ROW)
+                except _Hung as e:
+                    stats.timeouts = stats.reward_errors = e.timed_out
+                    stats.seconds = time.monotonic() - t0
+                    raise RewardPluginError(
+                        f"reward plug-in {self.reward} timed out on {e.in_a_row} responses in a row (no reward within {self.timeout_s:g} s "
+                        "each): it hangs or is too slow; fix the function (docs/rewards.md)", stats) from None
                 except BaseException:
                     self._holder.kill()
                     raise
@@ -491,7 +524,7 @@ class RewardScorer:
         stats.seconds = time.monotonic() - t0
         if stats.reward_errors == n:
             raise RewardPluginError(f"reward plug-in {self.reward} failed on all {n} responses of this batch; the first: {first}: "
-                                    "fix the function (docs/rewards.md: FUNCTION(response, ground_truth, **info) -> float | bool)")
+                                    "fix the function (docs/rewards.md: FUNCTION(response, ground_truth, **info) -> float | bool)", stats)
         return scores, stats
 
     def equivalent(
@@ -546,17 +579,37 @@ class RewardScorer:
             self._holder.kill()
             raise
 
-    def _run_in_pool(self, keys: list[Any], stats: ScoreStats, task: Any = None) -> dict[Any, tuple[ScoreStatus, Any]]:
+    def _run_in_pool(self, keys: list[Any], stats: ScoreStats, task: Any = None,
+                     hung_after: int | None = None) -> dict[Any, tuple[ScoreStatus, Any]]:
         """The scheduling loop: at most ``num_workers`` items in flight, each with a deadline.
 
         ``task(key)`` gives the worker function and its arguments (default: math-verify of the
-        (answer, ground truth) pair ``key``); an item's value is what that function returned."""
+        (answer, ground truth) pair ``key``); an item's value is what that function returned.
+
+        An item past its deadline scores "timeout" and dooms the pool (its worker cannot be
+        interrupted), but the items in flight beside it keep running to their own deadlines (they
+        started about together: they finish, or time out in the same round); nothing new is handed
+        out meanwhile, and then the pool is killed once. ``hung_after``: raise :class:`_Hung` (the
+        pool killed) at that many timeouts in a row, counted over calls (a plug-in's)."""
         task = task or (lambda key: (_worker_verify, key))
         results: dict[Any, tuple[ScoreStatus, Any]] = {}
         queue: collections.deque[_Key] = collections.deque(keys)
         suspects: set[_Key] = set()  # were in flight when a worker died: rerun alone
         inflight: dict[Future[bool], tuple[_Key, float]] = {}
         broken_submits = 0
+        draining = False  # an item timed out: the pool is killed once the others in flight are done or timed out
+        timed_out = 0
+
+        def answered(key: Any, outcome: tuple[ScoreStatus, Any]) -> None:
+            nonlocal timed_out
+            results[key] = outcome
+            if hung_after is None:
+                return
+            if outcome[0] != "timeout":
+                self._timeouts_in_a_row = 0
+                return
+            timed_out += 1
+            self._timeouts_in_a_row += 1
 
         def restart() -> None:
             self._holder.kill()
@@ -564,7 +617,7 @@ class RewardScorer:
 
         while queue or inflight:
             # Hand out work to idle workers.
-            while queue and len(inflight) < self.num_workers:
+            while queue and len(inflight) < self.num_workers and not draining:
                 key = queue[0]
                 solo_running = any(k in suspects for k, _ in inflight.values())
                 if solo_running or (key in suspects and inflight):
@@ -596,6 +649,9 @@ class RewardScorer:
                 queue.popleft()
                 inflight[fut] = (key, time.monotonic() + self.timeout_s)
             if not inflight:
+                if draining:
+                    draining = False
+                    restart()
                 continue
 
             next_deadline = min(d for _, d in inflight.values())
@@ -607,19 +663,21 @@ class RewardScorer:
             for fut in done:
                 key, _ = inflight.pop(fut)
                 try:
-                    results[key] = ("ok", fut.result())
+                    answered(key, ("ok", fut.result()))
                 except BrokenProcessPool:
                     crashed.append(key)
                 except Exception:  # noqa: BLE001 - the verifier raised in the worker
-                    results[key] = ("error", False)
+                    answered(key, ("error", False))
             if crashed:
                 # A worker died: every future of the pool fails. Alone in flight -> its fault;
-                # otherwise rerun the items one at a time to find out.
+                # otherwise rerun the items one at a time to find out. (While draining, the pool
+                # was doomed anyway: the timed-out worker may be the one that died.)
                 crashed += [k for k, _ in inflight.values()]
                 inflight.clear()
                 restart()
+                draining = False
                 if len(crashed) == 1:  # it was alone in flight: it killed its worker
-                    results[crashed[0]] = ("error", False)
+                    answered(crashed[0], ("error", False))
                 else:
                     for k in reversed(crashed):
                         queue.appendleft(k)
@@ -628,21 +686,18 @@ class RewardScorer:
 
             now = time.monotonic()
             expired = [f for f, (_, d) in inflight.items() if d <= now and not f.done()]
-            if expired:
-                for fut in expired:
-                    key, _ = inflight.pop(fut)
-                    results[key] = ("timeout", False)
-                # The stuck worker cannot be interrupted: kill the pool. Items that were running
-                # next to it go back to the front of the queue, with a fresh clock.
-                for fut in list(inflight):
-                    key, _ = inflight.pop(fut)
-                    if fut.done():
-                        try:
-                            results[key] = ("ok", fut.result())
-                            continue
-                        except Exception:  # noqa: BLE001
-                            pass
-                    queue.appendleft(key)
+            for fut in expired:
+                # The stuck worker cannot be interrupted: the pool is killed once the items running
+                # next to it are answered or past their own deadlines (see the docstring).
+                key, _ = inflight.pop(fut)
+                answered(key, ("timeout", False))
+                draining = True
+            if hung_after is not None and self._timeouts_in_a_row >= hung_after:
+                in_a_row, self._timeouts_in_a_row = self._timeouts_in_a_row, 0
+                restart()
+                raise _Hung(in_a_row, timed_out)
+            if draining and not inflight:
+                draining = False
                 restart()
         return results
 

@@ -52,6 +52,13 @@ def always_raise(response, ground_truth, **info):
 
 def named_only(response, ground_truth, prompt):
     return 1.0 if prompt == "p" else -1.0
+
+def hangs(response, ground_truth, **info):
+    if response.startswith("hang"):
+        time.sleep(600)
+    if response == "slow":
+        time.sleep(0.05)
+    return 1.0
 '''
 
 
@@ -117,6 +124,39 @@ def test_plugin_failures_score_minus_one_and_are_counted(plugins):
         # the pool was replaced after the timeout and still scores
         again, st2 = scorer.score_batch(["good"], ["1"], infos[:1])
         assert again[0].reward == 0.25 and st2.reward_errors == 0
+
+
+INFO = {"prompt": "p", "data_source": "d", "extra_info": {}}
+
+
+def test_hanging_responses_in_flight_time_out_together(plugins):
+    """Two hanging responses in flight on the two workers (the second handed out at least 0.2 s after the
+    first) time out in the same round: one pool kill for both. The second used to be requeued with a
+    fresh clock when the first expired, and cost a pool restart of its own."""
+    from reasonrl.rewards import RewardScorer
+
+    responses = ["hang a"] + ["slow"] * 4 + ["hang b"] + ["fine"] * 4
+    with RewardScorer(reward=f"{plugins}/bad.py:hangs", timeout_s=1.0, num_workers=2) as scorer:
+        scores, st = scorer.score_batch(responses, ["1"] * len(responses), [INFO] * len(responses))
+    assert [s.status for s in scores] == ["timeout"] + ["ok"] * 4 + ["timeout"] + ["ok"] * 4
+    assert (st.timeouts, st.reward_errors, st.pool_restarts) == (2, 2, 1)
+
+
+def test_a_hanging_plugin_fails_fast_with_one_line(plugins):
+    """16 responses on which the plug-in hangs: the run stops after PLUGIN_TIMEOUTS_IN_A_ROW (4) timeouts in
+    a row -- two rounds of the two workers, two pool kills -- naming the plug-in; not 16 timeouts one after
+    another, each with its pool restart (about 100 s at 5 s each)."""
+    from reasonrl.rewards import RewardPluginError, RewardScorer
+    from reasonrl.rewards.scorer import PLUGIN_TIMEOUTS_IN_A_ROW
+
+    spec = f"{plugins}/bad.py:hangs"
+    with RewardScorer(reward=spec, timeout_s=1.0, num_workers=2) as scorer:
+        with pytest.raises(RewardPluginError) as e:
+            scorer.score_batch(["hang"] * 16, ["1"] * 16, [INFO] * 16)
+    st = e.value.stats
+    assert PLUGIN_TIMEOUTS_IN_A_ROW == 4 and (st.timeouts, st.pool_restarts) == (4, 2), st
+    msg = str(e.value)
+    assert "\n" not in msg and spec in msg and "4 responses in a row" in msg and "1 s" in msg, msg
 
 
 def test_keywords_are_passed_by_name_to_a_function_without_info(plugins):
