@@ -45,6 +45,8 @@ def faulty(response, ground_truth, **info):
         return "yes"
     if response == "sleep":
         time.sleep(60)
+    if response == "exit":
+        raise SystemExit(2)
     return 0.25 if response == "good" else False
 
 def always_raise(response, ground_truth, **info):
@@ -94,6 +96,49 @@ def test_bad_plugins_are_one_line_errors_before_any_model_loads(plugins, stage):
         assert "Traceback" not in r.output
 
 
+EXITS = {  # plug-ins that end the process while they are imported, printing first
+    "sys_exit.py": "print('hello from the plug-in')\nimport sys\nsys.exit(3)\ndef f(response, ground_truth, **info):\n    return 1.0\n",
+    "os_exit.py": "import os, sys\nprint('bye', file=sys.stderr)\nos._exit(0)\ndef f(response, ground_truth, **info):\n    return 1.0\n",
+    "chatty.py": "print('loading my reward')\ndef f(response, ground_truth, **info):\n    return 1.0\n",
+}
+
+
+@pytest.mark.parametrize("name,exit_", [("sys_exit.py", "sys.exit(3)"), ("os_exit.py", "os._exit(0)")])
+def test_a_plugin_that_exits_at_import_is_one_line(tmp_path, name, exit_):
+    """A plug-in that calls sys.exit / os._exit while imported: one line naming the plug-in and what it
+    printed, exit 1 (it ended the CLI silently, exit 3 or 0, its prints raw on the console)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / name).write_text(EXITS[name])
+    spec = f"{tmp_path / name}:f"
+    p = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "--model", str(tmp_path / "no_model_here"), "--reward", spec],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300, cwd=tmp_path)
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, (p.stdout, p.stderr)
+    line = p.stderr.strip()
+    printed = "hello from the plug-in" if name == "sys_exit.py" else "bye"
+    assert line.startswith(f"error: --reward {spec}") and exit_ in line and printed in line and "Traceback" not in line, line
+
+
+def test_a_plugins_prints_at_import_show_with_verbose_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "chatty.py").write_text(EXITS["chatty.py"])
+    spec = f"{tmp_path / 'chatty.py'}:f"
+    for verbose in ([], ["--verbose"]):
+        p = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "--model", str(tmp_path / "no_model_here"), "--reward", spec,
+                            *verbose], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300, cwd=tmp_path)
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 1 and last.startswith("error: ") and "--reward" not in last, p.stderr  # (the plug-in loaded; the data is next)
+        assert ("loading my reward" in p.stdout + p.stderr) == bool(verbose), (verbose, p.stdout, p.stderr)
+        if verbose:
+            assert f"reward plug-in {spec} printed while imported: loading my reward" in p.stderr, p.stderr
+
+
 def test_reward_record_hashes_the_file(plugins):
     from reasonrl.rewards.plugin import reward_record
 
@@ -109,18 +154,18 @@ def test_reward_record_hashes_the_file(plugins):
 def test_plugin_failures_score_minus_one_and_are_counted(plugins):
     from reasonrl.rewards import RewardScorer
 
-    responses = ["good", "raise", "nan", "inf", "text", "sleep", "bad", "good Answer: 7"]
+    responses = ["good", "raise", "nan", "inf", "text", "sleep", "bad", "good Answer: 7", "exit"]
     infos = [{"prompt": "p", "data_source": "d", "extra_info": {}}] * len(responses)
     with RewardScorer(reward=f"{plugins}/bad.py:faulty", timeout_s=1.0, num_workers=1) as scorer:
         scores, st = scorer.score_batch(responses, ["1"] * len(responses), infos)
         by = dict(zip(responses, scores))
         assert by["good"].reward == 0.25 and by["good"].correct and by["good"].status == "ok"
         assert by["bad"].reward == -1.0 and not by["bad"].correct and by["bad"].status == "ok"  # False means -1, no error
-        for r in ("raise", "nan", "inf", "text"):
+        for r in ("raise", "nan", "inf", "text", "exit"):  # (a sys.exit in the function used to end the caller)
             assert (by[r].reward, by[r].correct, by[r].status) == (-1.0, False, "error"), r
         assert (by["sleep"].reward, by["sleep"].status) == (-1.0, "timeout")
         assert by["good Answer: 7"].extracted == "7"  # what maj@n votes on
-        assert (st.reward_errors, st.errors, st.timeouts, st.total) == (5, 4, 1, len(responses))
+        assert (st.reward_errors, st.errors, st.timeouts, st.total) == (6, 5, 1, len(responses))
         # the pool was replaced after the timeout and still scores
         again, st2 = scorer.score_batch(["good"], ["1"], infos[:1])
         assert again[0].reward == 0.25 and st2.reward_errors == 0
