@@ -198,8 +198,14 @@ def _keywords(fn: Callable[..., Any], info: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in info.items() if k in names and k not in ("response", "ground_truth")}
 
 
+#: The largest |reward| a plug-in may return (docs/rewards.md). Beyond it (±1e300 overflowed the
+#: group std, and fp32 squares it in the value loss) the response scores -1 as an error, like NaN.
+REWARD_BOUND = 1e6
+
+
 def as_reward(value: Any) -> float:
-    """A plug-in's return value as a reward: bool → ±1, a real number → float; else ValueError."""
+    """A plug-in's return value as a reward: bool → ±1, a real number in [-REWARD_BOUND,
+    REWARD_BOUND] → float; else ValueError."""
     if isinstance(value, bool):
         return 1.0 if value else -1.0
     try:
@@ -212,6 +218,8 @@ def as_reward(value: Any) -> float:
         raise ValueError(f"returned {type(value).__name__} {value!r:.60}, not a float or bool") from None
     if not math.isfinite(reward):
         raise ValueError(f"returned {reward}, not a finite number")
+    if abs(reward) > REWARD_BOUND:
+        raise ValueError(f"returned {reward:g}, beyond the bound on a reward, ±{REWARD_BOUND:g}")
     return reward
 
 

@@ -327,6 +327,34 @@ def test_a_plugin_drives_rollout_train_and_eval(tmp_path, tiny_model, prepared, 
     assert json.loads((tmp_path / "ev" / "manifest.json").read_text())["reward"]["sha256"] == sha
 
 
+HUGE = "def huge(response, ground_truth, **info):\n    return 1e300 if len(response) % 2 else -1e300\n"
+
+
+def test_a_reward_beyond_the_bound_is_an_error(tmp_path):
+    """|reward| > REWARD_BOUND (1e6) scores -1 and is counted, as a NaN is; the bound itself passes."""
+    from reasonrl.rewards.plugin import REWARD_BOUND, as_reward
+
+    assert REWARD_BOUND == 1e6 and as_reward(1e6) == 1e6 and as_reward(-1e6) == -1e6
+    for bad in (1e300, -1e300, 1e6 * (1 + 1e-9)):
+        with pytest.raises(ValueError, match="bound"):
+            as_reward(bad)
+
+
+@pytest.mark.timeout(600)
+def test_huge_rewards_stop_train_with_one_line_naming_the_plugin(tmp_path, tiny_model, prepared):
+    """±1e300 rewards (every response): one line naming the plug-in and the bound; they used to pass,
+    overflow the group std, and stop the run blaming --lr with "the last good checkpoint is None"."""
+    (tmp_path / "huge.py").write_text(HUGE)
+    spec = f"{tmp_path / 'huge.py'}:huge"
+    r = run_cli("train", "--algo", "grpo", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "tr", "--group-size", "2",
+                "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "2", "--steps", "1", "--quiet",
+                "--reward", spec, *TINY)
+    assert r.exit_code == 1, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: reward plug-in {spec} failed on all") and "1e+300" in last and "1e+06" in last, last
+    assert "None" not in r.output and "Traceback" not in r.output, r.output
+
+
 @pytest.mark.timeout(600)
 def test_a_plugin_that_always_fails_stops_train_with_one_line(tmp_path, tiny_model, prepared, plugins):
     r = run_cli("train", "--algo", "grpo", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "tr", "--group-size", "2",
