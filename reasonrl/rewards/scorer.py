@@ -23,7 +23,8 @@ culprit is identified and scored "error".
 
 Processes, not threads or signals: math-verify's own timeout uses ``signal.alarm``, which only
 works in the main thread; the caller here may be any thread (a rollout worker, an async reward
-loop). The scorer itself uses no signals.
+loop). The scorer sets no alarm; it only SIGKILLs its own workers, and holds SIGTERM and SIGINT
+while it spawns them (below).
 
 Starting and stopping at any instant (#43). A spawned worker first unpickles its state (the pool's
 queues and their named semaphores) and only then runs our code; a parent that stops while a worker
@@ -36,9 +37,10 @@ are spawned (a few milliseconds; the handler runs right after, with every spawne
 without that, a stop landing between a worker's start and its registration leaves a worker nobody
 kills; (3) the workers are spawned with SIGTERM and SIGINT blocked, so a Ctrl-C or a scheduler's
 SIGTERM to the process group cannot interrupt them (a KeyboardInterrupt traceback) before their
-initializer ignores both. A worker whose parent was SIGKILLed (no cleanup) still finds the
-semaphores (multiprocessing's resource tracker removes them only after every worker is gone) and
-exits quietly at its first line (:func:`_die_with_parent`). Left: a SIGKILL in the microseconds
+initializer ignores both (under "forkserver", a server started by the pool inherits the blocked
+pair too; it ends with its client, as ever). A worker whose parent was SIGKILLed (no cleanup)
+still finds the semaphores (multiprocessing's resource tracker removes them only after every
+worker is gone) and exits quietly at its first line (:func:`_die_with_parent`). Left: a SIGKILL in the microseconds
 between a worker's fork and the parent's write of its state (the worker reads a truncated stream).
 Held and blocked rather than redirecting the workers' stderr: the workers' own errors stay visible,
 and the stdlib's pool is used unchanged.
