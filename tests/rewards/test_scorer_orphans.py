@@ -181,3 +181,30 @@ def test_a_sigterm_while_a_worker_is_spawned_is_one_line(stage, tmp_path, tiny_m
     while time.monotonic() < deadline and _marked(f"{os.getpid()}-w{stage}"):
         time.sleep(0.2)
     assert not _marked(f"{os.getpid()}-w{stage}"), "a process outlived the stopped run"
+
+
+#: A Ctrl-C (SIGINT to the process group) that reaches a worker still bootstrapping: the worker sends it to
+#: itself at its start (importing its parent's main script), before its initializer ran.
+CTRL_C = """
+import os, signal, sys
+if __name__ == "__mp_main__":
+    os.kill(os.getpid(), signal.SIGINT)
+elif __name__ == "__main__":
+    from reasonrl.rewards import RewardScorer
+
+    with RewardScorer(num_workers=1) as s:
+        scores, st = s.score_batch(["Answer: \\\\frac{1}{2}"], ["0.5"])  # math-verify: the pool starts
+    print(scores[0].status, scores[0].correct, st.errors, flush=True)
+"""
+
+
+def test_a_ctrl_c_to_a_worker_still_starting_prints_nothing(tmp_path) -> None:
+    """Workers are spawned with SIGINT and SIGTERM blocked until their initializer ignores them: a Ctrl-C
+    that lands on one while it bootstraps neither kills it with a KeyboardInterrupt traceback nor breaks
+    the pool's start (the item used to score an error, with the worker's traceback on the console)."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stdout.split() == ["ok", "True", "0"], (p.stdout, p.stderr[-3000:])
+    assert "Traceback" not in p.stderr and "KeyboardInterrupt" not in p.stderr, p.stderr[-3000:]
