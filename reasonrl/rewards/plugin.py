@@ -10,7 +10,14 @@ is correct when its reward is > 0. A function without ``**info`` gets only the k
   that does not take two positional arguments); what a stage config's ``__post_init__`` calls.
 - :func:`reward_record`: the spec and the plug-in file's sha256, for the manifest and resume.
 - :func:`call_plugin`: one item, in a worker process of :class:`reasonrl.rewards.RewardScorer`:
-  ("ok", reward) or ("error", "ExcType: message"); never raises.
+  ("ok", reward) or ("error", "ExcType: message"); never raises (a ``sys.exit`` in the function
+  scores an error too).
+
+Importing a plug-in (here, and in every scorer worker) captures what it prints (shown, when the
+check runs with ``--verbose``, as one block naming the plug-in; in the error when the import fails),
+and a plug-in that calls ``sys.exit`` or ``os._exit`` while imported is a one-line error naming it
+(``os._exit`` is replaced for the importing thread while the import runs; it used to end the CLI
+silently, with the exit code it chose).
 """
 
 from __future__ import annotations
@@ -18,11 +25,15 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import contextlib
 import inspect
+import io
 import math
+import os
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from reasonrl.errors import ReasonRLError
 
@@ -54,7 +65,61 @@ def plugin_file(spec: str) -> Path | None:
     return Path(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else None
 
 
-def _import(where: str, spec: str) -> Any:
+class _ExitAtImport(BaseException):
+    """``os._exit(code)`` called by a plug-in while it is imported (a BaseException: no ``except
+    Exception`` in the plug-in swallows it)."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _importing(printed: io.StringIO) -> Iterator[None]:
+    """While a plug-in is imported: what it prints goes to ``printed``, and ``os._exit`` called from
+    this thread raises :class:`_ExitAtImport` (from any other thread it exits, as ever)."""
+    real_exit, me = os._exit, threading.get_ident()
+
+    def refuse(code: int) -> None:
+        if threading.get_ident() != me:
+            real_exit(code)
+        raise _ExitAtImport(code)
+
+    os._exit = refuse  # type: ignore[assignment]
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            yield
+    finally:
+        os._exit = real_exit
+
+
+def _said(printed: io.StringIO) -> str:
+    """The last line a plug-in printed while imported, for its error (or "")."""
+    last = next((ln.strip() for ln in reversed(printed.getvalue().splitlines()) if ln.strip()), "")
+    return f" (it printed: {last[:200]!r})" if last else ""
+
+
+def _exec(where: str, spec: str, load: Callable[[], Any], echo: bool) -> Any:
+    printed = io.StringIO()
+    try:
+        with _importing(printed):
+            module = load()
+    except ModuleNotFoundError as e:
+        if where.endswith(".py"):
+            raise ReasonRLError(f"--reward {spec}: importing {where} failed: {type(e).__name__}: {e}{_said(printed)}") from None
+        raise ReasonRLError(f"--reward {spec}: module {where} not found ({e}): install it, or pass FILE.py:FUNCTION") from None
+    except (SystemExit, _ExitAtImport) as e:
+        call = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else f"os._exit({e.code!r})"
+        raise ReasonRLError(f"--reward {spec}: importing {where} called {call}{_said(printed)}: a reward plug-in must not exit "
+                            "when imported (it is imported by every stage and every scorer worker); remove the call") from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed while importing
+        raise ReasonRLError(f"--reward {spec}: importing {where} failed: {type(e).__name__}: {e}{_said(printed)}") from None
+    if echo and printed.getvalue().strip():
+        sys.stderr.write(f"reward plug-in {spec} printed while imported: {printed.getvalue().rstrip()}\n")
+    return module
+
+
+def _import(where: str, spec: str, echo: bool = False) -> Any:
     if where.endswith(".py"):
         path = Path(where).expanduser().resolve()
         if not path.is_file():
@@ -65,27 +130,20 @@ def _import(where: str, spec: str) -> Any:
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[name] = module
         try:
-            mod_spec.loader.exec_module(module)
-        except BaseException as e:
+            return _exec(where, spec, lambda: mod_spec.loader.exec_module(module) or module, echo)  # type: ignore[union-attr]
+        except BaseException:
             sys.modules.pop(name, None)
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise ReasonRLError(f"--reward {spec}: importing {where} failed: {type(e).__name__}: {e}") from None
-        return module
-    try:
-        return importlib.import_module(where)
-    except ModuleNotFoundError as e:
-        raise ReasonRLError(f"--reward {spec}: module {where} not found ({e}): install it, or pass FILE.py:FUNCTION") from None
-    except Exception as e:  # noqa: BLE001 - the user's module failed while importing
-        raise ReasonRLError(f"--reward {spec}: importing {where} failed: {type(e).__name__}: {e}") from None
+            raise
+    return _exec(where, spec, lambda: importlib.import_module(where), echo)
 
 
-def load_plugin(spec: str) -> Callable[..., Any]:
-    """The function a spec names, imported once per process and checked (see the module doc)."""
+def load_plugin(spec: str, echo: bool = False) -> Callable[..., Any]:
+    """The function a spec names, imported once per process and checked (see the module doc);
+    ``echo``: write what the import printed to stderr (one block naming the plug-in)."""
     if spec in _loaded:
         return _loaded[spec]
     where, name = split_spec(spec)
-    module = _import(where, spec)
+    module = _import(where, spec, echo)
     fn = getattr(module, name, None)
     if fn is None:
         raise ReasonRLError(f"--reward {spec}: {where} has no function {name}")
@@ -106,9 +164,13 @@ def load_plugin(spec: str) -> Callable[..., Any]:
 
 
 def check_reward_spec(spec: str) -> None:
-    """Validate ``--reward`` in this process (before any model loads): 'math' or a loadable plug-in."""
+    """Validate ``--reward`` in this process (before any model loads): 'math' or a loadable plug-in.
+    What the plug-in prints while imported is shown only with ``--verbose`` (the console's policy:
+    :func:`reasonrl.console.library_bars` is False once the CLI quieted the libraries)."""
     if spec != MATH:
-        load_plugin(spec)
+        from reasonrl.console import library_bars
+
+        load_plugin(spec, echo=library_bars())
 
 
 def _sha256(path: Path) -> str:
@@ -136,8 +198,14 @@ def _keywords(fn: Callable[..., Any], info: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in info.items() if k in names and k not in ("response", "ground_truth")}
 
 
+#: The largest |reward| a plug-in may return (docs/rewards.md). Beyond it (±1e300 overflowed the
+#: group std, and fp32 squares it in the value loss) the response scores -1 as an error, like NaN.
+REWARD_BOUND = 1e6
+
+
 def as_reward(value: Any) -> float:
-    """A plug-in's return value as a reward: bool → ±1, a real number → float; else ValueError."""
+    """A plug-in's return value as a reward: bool → ±1, a real number in [-REWARD_BOUND,
+    REWARD_BOUND] → float; else ValueError."""
     if isinstance(value, bool):
         return 1.0 if value else -1.0
     try:
@@ -150,6 +218,8 @@ def as_reward(value: Any) -> float:
         raise ValueError(f"returned {type(value).__name__} {value!r:.60}, not a float or bool") from None
     if not math.isfinite(reward):
         raise ValueError(f"returned {reward}, not a finite number")
+    if abs(reward) > REWARD_BOUND:
+        raise ValueError(f"returned {reward:g}, beyond the bound on a reward, ±{REWARD_BOUND:g}")
     return reward
 
 
@@ -158,5 +228,5 @@ def call_plugin(spec: str, response: str, ground_truth: str, info: dict[str, Any
     try:
         fn = load_plugin(spec)
         return "ok", as_reward(fn(response, ground_truth, **_keywords(fn, info)))
-    except Exception as e:  # noqa: BLE001 - the user's code: any failure scores -1 and is counted
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code: any failure scores -1 and is counted
         return "error", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]

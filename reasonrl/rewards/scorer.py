@@ -14,12 +14,36 @@ is handed to an idle, warmed-up worker (at most ``num_workers`` items are in fli
 never waits in a queue on the clock). When it runs past that, the item scores -1 with status
 "timeout" and the whole pool is killed (SIGKILL) and replaced on next use: a worker stuck in
 sympy cannot be interrupted or reused, and waiting on it would hang the caller. Items that were
-running next to it are requeued, not penalised. A worker that dies (segfault, OOM kill) breaks
-the pool: its items are rerun one at a time so the culprit is identified and scored "error".
+running next to it keep running to their own deadlines (nothing new is handed out meanwhile), so
+items in flight together time out together, with one pool restart between them. A reward plug-in
+that times out on :data:`PLUGIN_TIMEOUTS_IN_A_ROW` responses in a row stops the run
+(:class:`RewardPluginError`); math-verify's timeouts are per answer and never stop a run. A
+worker that dies (segfault, OOM kill) breaks the pool: its items are rerun one at a time so the
+culprit is identified and scored "error".
 
 Processes, not threads or signals: math-verify's own timeout uses ``signal.alarm``, which only
 works in the main thread; the caller here may be any thread (a rollout worker, an async reward
-loop). The scorer itself uses no signals.
+loop). The scorer sets no alarm; it only SIGKILLs its own workers, and holds SIGTERM and SIGINT
+while it spawns them (below).
+
+Starting and stopping at any instant (#43). A spawned worker first unpickles its state (the pool's
+queues and their named semaphores) and only then runs our code; a parent that stops while a worker
+is being spawned must not release those semaphores under it (the worker would print multiprocessing's
+``FileNotFoundError`` traceback from ``SemLock._rebuild`` onto the console). So: (1) the pool is
+known, with every process it has spawned, from before its first spawn, and a stop at any point of a
+start (or a step) SIGKILLs them before the parent releases anything (a SIGKILLed worker prints
+nothing); (2) a spawn is never cut in half: SIGTERM and SIGINT are held while the pool's processes
+are spawned (a few milliseconds; the handler runs right after, with every spawned worker known) --
+without that, a stop landing between a worker's start and its registration leaves a worker nobody
+kills; (3) the workers are spawned with SIGTERM and SIGINT blocked, so a Ctrl-C or a scheduler's
+SIGTERM to the process group cannot interrupt them (a KeyboardInterrupt traceback) before their
+initializer ignores both (under "forkserver", a server started by the pool inherits the blocked
+pair too; it ends with its client, as ever). A worker whose parent was SIGKILLed (no cleanup)
+still finds the semaphores (multiprocessing's resource tracker removes them only after every
+worker is gone) and exits quietly at its first line (:func:`_die_with_parent`). Left: a SIGKILL in the microseconds
+between a worker's fork and the parent's write of its state (the worker reads a truncated stream).
+Held and blocked rather than redirecting the workers' stderr: the workers' own errors stay visible,
+and the stdlib's pool is used unchanged.
 
 Start method: "spawn" by default. The trainer process holds torch (and possibly CUDA) state and
 many threads, which ``fork`` can copy into a deadlocked child; "spawn" starts each worker as a
@@ -32,16 +56,18 @@ creates the scorer at import time needs an ``if __name__ == "__main__":`` guard.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import weakref
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from reasonrl.errors import ReasonRLError
 from reasonrl.rewards.extract import extract_answer
@@ -93,14 +119,15 @@ def _worker_init(barrier: Any, wait_s: float, memory_limit_mb: int | None, rewar
     item's time limit is spent on another worker's imports. ``owner``: the scorer's process, which
     may already be gone when this runs (killed while the pool was spawning).
     """
-    import signal
-
     _die_with_parent(owner)
     try:
         # Ctrl-C (and a scheduler's SIGTERM) reach the whole process group; the parent decides what
-        # happens to workers (it may finish its step first), and a worker outlives no parent.
+        # happens to workers (it may finish its step first), and a worker outlives no parent. (Spawned
+        # with both blocked, see _stops_held: ignored first, then unblocked, any pending one dropped.)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
         if memory_limit_mb:
             import resource
 
@@ -179,36 +206,97 @@ def _worker_plugin(spec: str, response: str, ground_truth: str, info: dict[str, 
 # Parent side.
 
 
+_STOPS = {signal.SIGTERM, signal.SIGINT}
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait until the block is done (then their handlers run, once each).
+
+    In the main thread the Python handlers are swapped for one that notes the signal (Python runs
+    handlers in the main thread only, whichever thread the OS delivered to) and the signal is raised
+    again after; elsewhere a signal interrupts the main thread, not this block. Both are also blocked
+    in this thread, so the processes it spawns start with them blocked (the worker's initializer
+    ignores, then unblocks them)."""
+    main = threading.current_thread() is threading.main_thread()
+    noted: list[int] = []
+    previous: dict[int, Any] = {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        if main:
+            for s in _STOPS:
+                if signal.getsignal(s) is not None:  # (None: a handler not set from Python, left alone)
+                    previous[s] = signal.signal(s, lambda signum, frame: noted.append(signum))
+        yield
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (one that came while blocked is noted: the handlers are still swapped)
+        for s, h in previous.items():
+            signal.signal(s, h)  # (runs a pending noting handler first)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
+
+
 class _PoolStartError(RuntimeError):
     pass
 
 
+#: A reward plug-in that times out on this many responses in a row (no reward in between, over
+#: batches) hangs: the run stops with one line naming it instead of paying a time limit and a pool
+#: restart per response (at 8,192 responses a step, hours). Items in flight time out together, so
+#: with the default 2 workers that is two rounds of the time limit and two pool kills.
+PLUGIN_TIMEOUTS_IN_A_ROW = 4
+
+
 class RewardPluginError(ReasonRLError):
-    """A reward plug-in failed on every response of a batch: the run stops (one line, exit 1)."""
+    """A reward plug-in failed on every response of a batch, or timed out on
+    :data:`PLUGIN_TIMEOUTS_IN_A_ROW` responses in a row: the run stops (one line, exit 1).
+    ``stats``: the batch's :class:`ScoreStats` up to the stop."""
+
+    def __init__(self, message: str, stats: ScoreStats | None = None) -> None:
+        super().__init__(message)
+        self.stats = stats
+
+
+class _Hung(Exception):
+    """``in_a_row`` timeouts in a row (``timed_out`` of them in this batch): the plug-in hangs."""
+
+    def __init__(self, in_a_row: int, timed_out: int) -> None:
+        super().__init__(in_a_row)
+        self.in_a_row, self.timed_out = in_a_row, timed_out
 
 
 class _Pool:
     """One ProcessPoolExecutor and its processes; ``kill`` never blocks for long."""
 
-    def __init__(self, executor: ProcessPoolExecutor, processes: list[Any]) -> None:
+    def __init__(self, executor: ProcessPoolExecutor) -> None:
         self.executor = executor
-        self.processes = processes
+        # The executor's own record of its processes, kept from before the first spawn (a worker
+        # enters it as it is spawned; the executor drops the record at shutdown, this keeps it).
+        spawned = getattr(executor, "_processes", None)  # (the same dict, not a copy: it is empty now)
+        self._spawned: dict[int, Any] = spawned if spawned is not None else {}
+
+    @property
+    def processes(self) -> list[Any]:
+        return list(self._spawned.values())
 
     def kill(self) -> None:
         """Shut the pool down now: SIGKILL its workers (idle or stuck) and reap them."""
-        kill_workers = getattr(self.executor, "kill_workers", None)  # Python >= 3.14
-        if not self.processes and kill_workers is not None:
-            kill_workers()
-            return
-        try:
-            self.executor.shutdown(wait=False, cancel_futures=True)
-        except Exception:  # noqa: BLE001
-            pass
-        for p in self.processes:
-            if p.is_alive():
-                p.kill()
-        for p in self.processes:
-            p.join(5.0)
+        with _stops_held():  # (a second signal does not cut the kill short: no worker is left unkilled)
+            processes = self.processes
+            kill_workers = getattr(self.executor, "kill_workers", None)  # Python >= 3.14
+            if not processes and kill_workers is not None:
+                kill_workers()
+                return
+            try:
+                self.executor.shutdown(wait=False, cancel_futures=True)
+            except Exception:  # noqa: BLE001
+                pass
+            for p in processes:
+                if p.is_alive():
+                    p.kill()
+            for p in processes:
+                p.join(5.0)
 
 
 class _PoolHolder:
@@ -270,6 +358,7 @@ class RewardScorer:
         self.reward = reward
         self._holder = _PoolHolder()
         self._lock = threading.Lock()
+        self._timeouts_in_a_row = 0  # (a plug-in's, over batches: PLUGIN_TIMEOUTS_IN_A_ROW)
         # Runs at garbage collection or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, self._holder.kill)
 
@@ -304,22 +393,20 @@ class RewardScorer:
             initializer=_worker_init,
             initargs=(barrier, self.startup_timeout_s, self.memory_limit_mb, self.reward, os.getpid()),
         )
-        pool: _Pool | None = None
+        pool = _Pool(executor)  # (known before its first spawn: a stop from here on kills what it spawned)
         try:
             # With spawn/forkserver, each submit that finds no idle worker starts one: n pings
-            # start all n workers, and the barrier in their initializer lines them up.
-            pings = [executor.submit(_worker_ping) for _ in range(n)]
-            pool = _Pool(executor, list(getattr(executor, "_processes", {}).values()))
+            # start all n workers, and the barrier in their initializer lines them up. No stop
+            # lands inside a spawn (see the module doc).
+            with _stops_held():
+                pings = [executor.submit(_worker_ping) for _ in range(n)]
             done, not_done = wait(pings, timeout=self.startup_timeout_s)
             if not_done:
                 raise _PoolStartError(f"verifier pool did not start within {self.startup_timeout_s:.0f} s")
             for f in done:
                 f.result()  # raises BrokenProcessPool when a worker died while starting
         except BaseException as e:
-            if pool is not None:
-                pool.kill()
-            else:
-                executor.shutdown(wait=False, cancel_futures=True)
+            pool.kill()
             if isinstance(e, Exception) and not isinstance(e, _PoolStartError):
                 raise _PoolStartError(f"verifier pool failed to start: {e!r}") from e
             raise
@@ -339,7 +426,7 @@ class RewardScorer:
 
         Returns the scores (in order) and the batch's :class:`ScoreStats`. Bounded time: about
         (items sent to math-verify / workers) x their verify time, plus ``timeout_s`` and a pool
-        restart (a few seconds) per item that times out.
+        restart (a few seconds) per round of items in flight that times out.
         """
         if len(responses) != len(ground_truths):
             raise ValueError(
@@ -407,7 +494,14 @@ class RewardScorer:
                 outcomes = {i: ("ok", call_plugin(*args[i])) for i in range(n)}
             else:
                 try:
-                    outcomes = self._run_in_pool(list(range(n)), stats, task=lambda i: (_worker_plugin, args[i]))
+                    outcomes = self._run_in_pool(list(range(n)), stats, task=lambda i: (_worker_plugin, args[i]),
+                                                 hung_after=PLUGIN_TIMEOUTS_IN_A_ROW)
+                except _Hung as e:
+                    stats.timeouts = stats.reward_errors = e.timed_out
+                    stats.seconds = time.monotonic() - t0
+                    raise RewardPluginError(
+                        f"reward plug-in {self.reward} timed out on {e.in_a_row} responses in a row (no reward within {self.timeout_s:g} s "
+                        "each): it hangs or is too slow; fix the function (docs/rewards.md)", stats) from None
                 except BaseException:
                     self._holder.kill()
                     raise
@@ -432,7 +526,7 @@ class RewardScorer:
         stats.seconds = time.monotonic() - t0
         if stats.reward_errors == n:
             raise RewardPluginError(f"reward plug-in {self.reward} failed on all {n} responses of this batch; the first: {first}: "
-                                    "fix the function (docs/rewards.md: FUNCTION(response, ground_truth, **info) -> float | bool)")
+                                    "fix the function (docs/rewards.md: FUNCTION(response, ground_truth, **info) -> float | bool)", stats)
         return scores, stats
 
     def equivalent(
@@ -487,17 +581,37 @@ class RewardScorer:
             self._holder.kill()
             raise
 
-    def _run_in_pool(self, keys: list[Any], stats: ScoreStats, task: Any = None) -> dict[Any, tuple[ScoreStatus, Any]]:
+    def _run_in_pool(self, keys: list[Any], stats: ScoreStats, task: Any = None,
+                     hung_after: int | None = None) -> dict[Any, tuple[ScoreStatus, Any]]:
         """The scheduling loop: at most ``num_workers`` items in flight, each with a deadline.
 
         ``task(key)`` gives the worker function and its arguments (default: math-verify of the
-        (answer, ground truth) pair ``key``); an item's value is what that function returned."""
+        (answer, ground truth) pair ``key``); an item's value is what that function returned.
+
+        An item past its deadline scores "timeout" and dooms the pool (its worker cannot be
+        interrupted), but the items in flight beside it keep running to their own deadlines (they
+        started about together: they finish, or time out in the same round); nothing new is handed
+        out meanwhile, and then the pool is killed once. ``hung_after``: raise :class:`_Hung` (the
+        pool killed) at that many timeouts in a row, counted over calls (a plug-in's)."""
         task = task or (lambda key: (_worker_verify, key))
         results: dict[Any, tuple[ScoreStatus, Any]] = {}
         queue: collections.deque[_Key] = collections.deque(keys)
         suspects: set[_Key] = set()  # were in flight when a worker died: rerun alone
         inflight: dict[Future[bool], tuple[_Key, float]] = {}
         broken_submits = 0
+        draining = False  # an item timed out: the pool is killed once the others in flight are done or timed out
+        timed_out = 0
+
+        def answered(key: Any, outcome: tuple[ScoreStatus, Any]) -> None:
+            nonlocal timed_out
+            results[key] = outcome
+            if hung_after is None:
+                return
+            if outcome[0] != "timeout":
+                self._timeouts_in_a_row = 0
+                return
+            timed_out += 1
+            self._timeouts_in_a_row += 1
 
         def restart() -> None:
             self._holder.kill()
@@ -505,7 +619,7 @@ class RewardScorer:
 
         while queue or inflight:
             # Hand out work to idle workers.
-            while queue and len(inflight) < self.num_workers:
+            while queue and len(inflight) < self.num_workers and not draining:
                 key = queue[0]
                 solo_running = any(k in suspects for k, _ in inflight.values())
                 if solo_running or (key in suspects and inflight):
@@ -537,6 +651,9 @@ class RewardScorer:
                 queue.popleft()
                 inflight[fut] = (key, time.monotonic() + self.timeout_s)
             if not inflight:
+                if draining:
+                    draining = False
+                    restart()
                 continue
 
             next_deadline = min(d for _, d in inflight.values())
@@ -548,19 +665,21 @@ class RewardScorer:
             for fut in done:
                 key, _ = inflight.pop(fut)
                 try:
-                    results[key] = ("ok", fut.result())
+                    answered(key, ("ok", fut.result()))
                 except BrokenProcessPool:
                     crashed.append(key)
                 except Exception:  # noqa: BLE001 - the verifier raised in the worker
-                    results[key] = ("error", False)
+                    answered(key, ("error", False))
             if crashed:
                 # A worker died: every future of the pool fails. Alone in flight -> its fault;
-                # otherwise rerun the items one at a time to find out.
+                # otherwise rerun the items one at a time to find out. (While draining, the pool
+                # was doomed anyway: the timed-out worker may be the one that died.)
                 crashed += [k for k, _ in inflight.values()]
                 inflight.clear()
                 restart()
+                draining = False
                 if len(crashed) == 1:  # it was alone in flight: it killed its worker
-                    results[crashed[0]] = ("error", False)
+                    answered(crashed[0], ("error", False))
                 else:
                     for k in reversed(crashed):
                         queue.appendleft(k)
@@ -569,21 +688,18 @@ class RewardScorer:
 
             now = time.monotonic()
             expired = [f for f, (_, d) in inflight.items() if d <= now and not f.done()]
-            if expired:
-                for fut in expired:
-                    key, _ = inflight.pop(fut)
-                    results[key] = ("timeout", False)
-                # The stuck worker cannot be interrupted: kill the pool. Items that were running
-                # next to it go back to the front of the queue, with a fresh clock.
-                for fut in list(inflight):
-                    key, _ = inflight.pop(fut)
-                    if fut.done():
-                        try:
-                            results[key] = ("ok", fut.result())
-                            continue
-                        except Exception:  # noqa: BLE001
-                            pass
-                    queue.appendleft(key)
+            for fut in expired:
+                # The stuck worker cannot be interrupted: the pool is killed once the items running
+                # next to it are answered or past their own deadlines (see the docstring).
+                key, _ = inflight.pop(fut)
+                answered(key, ("timeout", False))
+                draining = True
+            if hung_after is not None and self._timeouts_in_a_row >= hung_after:
+                in_a_row, self._timeouts_in_a_row = self._timeouts_in_a_row, 0
+                restart()
+                raise _Hung(in_a_row, timed_out)
+            if draining and not inflight:
+                draining = False
                 restart()
         return results
 

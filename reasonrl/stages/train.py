@@ -215,13 +215,30 @@ def stop_message(cfg: TrainConfig, signum: int, p: TrainProgress, *, again: bool
     return f"{head}: no checkpoint yet, nothing to resume; start over with the same command and {how}"
 
 
+def _not_finite(m: dict[str, Any]) -> tuple[str, str]:
+    """(the first metric of a bad step that was not finite, what to try): a reward's is the reward's fault."""
+    which = next((k for k in ("rollout/reward_mean", "actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
+                  if k in m and not math.isfinite(float(m[k]))), "a non-finite value")
+    return which, ("check the reward (--reward)" if which.startswith("rollout/") else "try a lower --lr or a --grad-clip")
+
+
+def _then(fix: str, last: Path | None) -> str:
+    """The checkpoint clause of a divergence line, true to what is on disk (no resume from nothing)."""
+    if last is not None:
+        return f"the last good checkpoint is {last.name}; {fix}, then --resume"
+    return f"no checkpoint was written (nothing to resume); {fix}, then start over with --overwrite"
+
+
 def divergence_message(step: int, m: dict[str, Any], bad: int, cfg: TrainConfig, last: Path | None) -> str:
     """The one-line error of the divergence guard: the step, the metric, what to try."""
-    which = next((k for k in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm")
-                  if k in m and not math.isfinite(float(m[k]))), "a non-finite value")
-    ckpt = f"the last good checkpoint is {last.name}" if last is not None else "no checkpoint was written"
-    return (f"training diverged: {which} was not finite for {bad} steps in a row (up to step {step}, lr {cfg.lr:g}); the run stops, "
-            f"{ckpt}; try a lower --lr or a --grad-clip, then --resume")
+    which, fix = _not_finite(m)
+    return f"training diverged: {which} was not finite for {bad} steps in a row (up to step {step}, lr {cfg.lr:g}); the run stops, {_then(fix, last)}"
+
+
+def no_update_message(end: int, m: dict[str, Any], last: Path | None) -> str:
+    """The one-line error when the last step made no update (so there is no final policy)."""
+    which, fix = _not_finite(m)
+    return f"step {end} made no update ({which} was not finite): no final policy written; {_then(fix, last)}"
 
 
 def _check_same_reward(out: Path, reward: dict[str, Any]) -> None:
@@ -497,8 +514,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         final = latest_checkpoint(out)
         end = last if best is not None and best.stop else cfg.steps
         if final is None or final.name != f"step_{end}":
-            raise ReasonRLError(f"step {end} made no update (non-finite values): no final policy written; "
-                                f"the last good checkpoint is {final}; lower --lr and --resume")
+            raise ReasonRLError(no_update_message(end, history[-1] if history else {}, final))
         with run.writing(("policy", "summary.json")):
             if (out / "policy").exists():
                 shutil.rmtree(out / "policy")

@@ -45,6 +45,8 @@ def faulty(response, ground_truth, **info):
         return "yes"
     if response == "sleep":
         time.sleep(60)
+    if response == "exit":
+        raise SystemExit(2)
     return 0.25 if response == "good" else False
 
 def always_raise(response, ground_truth, **info):
@@ -52,6 +54,13 @@ def always_raise(response, ground_truth, **info):
 
 def named_only(response, ground_truth, prompt):
     return 1.0 if prompt == "p" else -1.0
+
+def hangs(response, ground_truth, **info):
+    if response.startswith("hang"):
+        time.sleep(600)
+    if response == "slow":
+        time.sleep(0.05)
+    return 1.0
 '''
 
 
@@ -87,6 +96,49 @@ def test_bad_plugins_are_one_line_errors_before_any_model_loads(plugins, stage):
         assert "Traceback" not in r.output
 
 
+EXITS = {  # plug-ins that end the process while they are imported, printing first
+    "sys_exit.py": "print('hello from the plug-in')\nimport sys\nsys.exit(3)\ndef f(response, ground_truth, **info):\n    return 1.0\n",
+    "os_exit.py": "import os, sys\nprint('bye', file=sys.stderr)\nos._exit(0)\ndef f(response, ground_truth, **info):\n    return 1.0\n",
+    "chatty.py": "print('loading my reward')\ndef f(response, ground_truth, **info):\n    return 1.0\n",
+}
+
+
+@pytest.mark.parametrize("name,exit_", [("sys_exit.py", "sys.exit(3)"), ("os_exit.py", "os._exit(0)")])
+def test_a_plugin_that_exits_at_import_is_one_line(tmp_path, name, exit_):
+    """A plug-in that calls sys.exit / os._exit while imported: one line naming the plug-in and what it
+    printed, exit 1 (it ended the CLI silently, exit 3 or 0, its prints raw on the console)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / name).write_text(EXITS[name])
+    spec = f"{tmp_path / name}:f"
+    p = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "--model", str(tmp_path / "no_model_here"), "--reward", spec],
+                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300, cwd=tmp_path)
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, (p.stdout, p.stderr)
+    line = p.stderr.strip()
+    printed = "hello from the plug-in" if name == "sys_exit.py" else "bye"
+    assert line.startswith(f"error: --reward {spec}") and exit_ in line and printed in line and "Traceback" not in line, line
+
+
+def test_a_plugins_prints_at_import_show_with_verbose_only(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "chatty.py").write_text(EXITS["chatty.py"])
+    spec = f"{tmp_path / 'chatty.py'}:f"
+    for verbose in ([], ["--verbose"]):
+        p = subprocess.run([sys.executable, "-m", "reasonrl.cli", "train", "--model", str(tmp_path / "no_model_here"), "--reward", spec,
+                            *verbose], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300, cwd=tmp_path)
+        last = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 1 and last.startswith("error: ") and "--reward" not in last, p.stderr  # (the plug-in loaded; the data is next)
+        assert ("loading my reward" in p.stdout + p.stderr) == bool(verbose), (verbose, p.stdout, p.stderr)
+        if verbose:
+            assert f"reward plug-in {spec} printed while imported: loading my reward" in p.stderr, p.stderr
+
+
 def test_reward_record_hashes_the_file(plugins):
     from reasonrl.rewards.plugin import reward_record
 
@@ -102,21 +154,54 @@ def test_reward_record_hashes_the_file(plugins):
 def test_plugin_failures_score_minus_one_and_are_counted(plugins):
     from reasonrl.rewards import RewardScorer
 
-    responses = ["good", "raise", "nan", "inf", "text", "sleep", "bad", "good Answer: 7"]
+    responses = ["good", "raise", "nan", "inf", "text", "sleep", "bad", "good Answer: 7", "exit"]
     infos = [{"prompt": "p", "data_source": "d", "extra_info": {}}] * len(responses)
     with RewardScorer(reward=f"{plugins}/bad.py:faulty", timeout_s=1.0, num_workers=1) as scorer:
         scores, st = scorer.score_batch(responses, ["1"] * len(responses), infos)
         by = dict(zip(responses, scores))
         assert by["good"].reward == 0.25 and by["good"].correct and by["good"].status == "ok"
         assert by["bad"].reward == -1.0 and not by["bad"].correct and by["bad"].status == "ok"  # False means -1, no error
-        for r in ("raise", "nan", "inf", "text"):
+        for r in ("raise", "nan", "inf", "text", "exit"):  # (a sys.exit in the function used to end the caller)
             assert (by[r].reward, by[r].correct, by[r].status) == (-1.0, False, "error"), r
         assert (by["sleep"].reward, by["sleep"].status) == (-1.0, "timeout")
         assert by["good Answer: 7"].extracted == "7"  # what maj@n votes on
-        assert (st.reward_errors, st.errors, st.timeouts, st.total) == (5, 4, 1, len(responses))
+        assert (st.reward_errors, st.errors, st.timeouts, st.total) == (6, 5, 1, len(responses))
         # the pool was replaced after the timeout and still scores
         again, st2 = scorer.score_batch(["good"], ["1"], infos[:1])
         assert again[0].reward == 0.25 and st2.reward_errors == 0
+
+
+INFO = {"prompt": "p", "data_source": "d", "extra_info": {}}
+
+
+def test_hanging_responses_in_flight_time_out_together(plugins):
+    """Two hanging responses in flight on the two workers (the second handed out at least 0.2 s after the
+    first) time out in the same round: one pool kill for both. The second used to be requeued with a
+    fresh clock when the first expired, and cost a pool restart of its own."""
+    from reasonrl.rewards import RewardScorer
+
+    responses = ["hang a"] + ["slow"] * 4 + ["hang b"] + ["fine"] * 4
+    with RewardScorer(reward=f"{plugins}/bad.py:hangs", timeout_s=1.0, num_workers=2) as scorer:
+        scores, st = scorer.score_batch(responses, ["1"] * len(responses), [INFO] * len(responses))
+    assert [s.status for s in scores] == ["timeout"] + ["ok"] * 4 + ["timeout"] + ["ok"] * 4
+    assert (st.timeouts, st.reward_errors, st.pool_restarts) == (2, 2, 1)
+
+
+def test_a_hanging_plugin_fails_fast_with_one_line(plugins):
+    """16 responses on which the plug-in hangs: the run stops after PLUGIN_TIMEOUTS_IN_A_ROW (4) timeouts in
+    a row -- two rounds of the two workers, two pool kills -- naming the plug-in; not 16 timeouts one after
+    another, each with its pool restart (about 100 s at 5 s each)."""
+    from reasonrl.rewards import RewardPluginError, RewardScorer
+    from reasonrl.rewards.scorer import PLUGIN_TIMEOUTS_IN_A_ROW
+
+    spec = f"{plugins}/bad.py:hangs"
+    with RewardScorer(reward=spec, timeout_s=1.0, num_workers=2) as scorer:
+        with pytest.raises(RewardPluginError) as e:
+            scorer.score_batch(["hang"] * 16, ["1"] * 16, [INFO] * 16)
+    st = e.value.stats
+    assert PLUGIN_TIMEOUTS_IN_A_ROW == 4 and (st.timeouts, st.pool_restarts) == (4, 2), st
+    msg = str(e.value)
+    assert "\n" not in msg and spec in msg and "4 responses in a row" in msg and "1 s" in msg, msg
 
 
 def test_keywords_are_passed_by_name_to_a_function_without_info(plugins):
@@ -240,6 +325,34 @@ def test_a_plugin_drives_rollout_train_and_eval(tmp_path, tiny_model, prepared, 
     assert all(s["correct"] == (len(s["response"]) % 2 == 0) for s in samples)
     assert res["metrics"]["avg@4"]["value"] == pytest.approx(sum(s["correct"] for s in samples) / len(samples))
     assert json.loads((tmp_path / "ev" / "manifest.json").read_text())["reward"]["sha256"] == sha
+
+
+HUGE = "def huge(response, ground_truth, **info):\n    return 1e300 if len(response) % 2 else -1e300\n"
+
+
+def test_a_reward_beyond_the_bound_is_an_error(tmp_path):
+    """|reward| > REWARD_BOUND (1e6) scores -1 and is counted, as a NaN is; the bound itself passes."""
+    from reasonrl.rewards.plugin import REWARD_BOUND, as_reward
+
+    assert REWARD_BOUND == 1e6 and as_reward(1e6) == 1e6 and as_reward(-1e6) == -1e6
+    for bad in (1e300, -1e300, 1e6 * (1 + 1e-9)):
+        with pytest.raises(ValueError, match="bound"):
+            as_reward(bad)
+
+
+@pytest.mark.timeout(600)
+def test_huge_rewards_stop_train_with_one_line_naming_the_plugin(tmp_path, tiny_model, prepared):
+    """±1e300 rewards (every response): one line naming the plug-in and the bound; they used to pass,
+    overflow the group std, and stop the run blaming --lr with "the last good checkpoint is None"."""
+    (tmp_path / "huge.py").write_text(HUGE)
+    spec = f"{tmp_path / 'huge.py'}:huge"
+    r = run_cli("train", "--algo", "grpo", "--model", tiny_model, "--data", prepared, "--out", tmp_path / "tr", "--group-size", "2",
+                "--prompts-per-step", "2", "--mini-batch-size", "4", "--micro-batch-size", "2", "--steps", "1", "--quiet",
+                "--reward", spec, *TINY)
+    assert r.exit_code == 1, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: reward plug-in {spec} failed on all") and "1e+300" in last and "1e+06" in last, last
+    assert "None" not in r.output and "Traceback" not in r.output, r.output
 
 
 @pytest.mark.timeout(600)
