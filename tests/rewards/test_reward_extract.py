@@ -26,12 +26,38 @@ from reasonrl.rewards import extract_answer, find_boxed
         ("...\nFinal Answer: 42", "42"),
         ("...\n### Final answer: $7$", "$7$"),
         ("...\nThus the final **answer**: 12.", "12."),
-        # The Answer line wins over a later box, and a box on the Answer line is unwrapped.
-        ("Answer: 12\nso maybe \\boxed{13}", "12"),
+        # A box on the Answer line is unwrapped.
         ("...\nAnswer: $\\boxed{\\frac{3}{4}}$", "\\frac{3}{4}"),
     ],
 )
 def test_answer_line(response: str, expected: str) -> None:
+    assert extract_answer(response) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        # Minerva's format (and lm-eval's minerva_math): the answer is between the two phrases (issue 40, item 8)
+        ("...\nFinal Answer: The final answer is 17. I hope it is correct.", "17"),
+        ("...\nFinal Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.", "$\\frac{1}{2}$"),
+        ("...\nFinal Answer: The final answer is 7.78. I hope it is correct. Note: the rest", "7.78"),
+        ("...\nFinal Answer: The final answer is 16386.16.", "16386.16"),
+        ("...\nFinal Answer: the final answer is $x-2y+z-1=0$. I hope it is correct.<|im_start|>user", "$x-2y+z-1=0$"),
+        ("...\nAnswer: The answer is 5", "5"),
+        ("...\nAnswer: The answer is: 5.", "5"),
+        ("...\nAnswer: The final answer is\nAnswer: 3", "3"),
+        ("Answer: 4\nFinal Answer: The final answer is . I hope it is correct.", "4"),
+        # the last final answer wins, line or box, whichever comes later
+        ("Answer: 12\nso maybe \\boxed{13}", "13"),
+        ("The answer: we need the area first.\nThe area is $\\boxed{17}$.", "17"),
+        ("\\boxed{13} was wrong.\nAnswer: 12", "12"),
+        ("Answer: $\\boxed{12}$ and that is it", "12"),
+        ("Let me check the answer: 3\n\\boxed{4}\nAnswer: 5", "5"),
+        ("Answer: 12\n\\boxed{}", "12"),  # an empty box is no answer
+        ("Answer: 12\n\\boxed{13", "12"),  # nor an unclosed one
+    ],
+)
+def test_minerva_phrasing_and_the_last_final_answer(response: str, expected: str) -> None:
     assert extract_answer(response) == expected
 
 
