@@ -24,6 +24,12 @@ _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*+\{")
 # 17. I hope it is correct." and the plain "The answer is 17" give 17.
 _PHRASE = re.compile(r"(?:the\s++)?(?:final\s++)?answer\s++is\b[ \t]*+:?", re.IGNORECASE)
 _HOPE = re.compile(r"\s*+\.?\s*+I hope it is correct\b", re.IGNORECASE)
+# What may stand between boxes that form one list answer ("\boxed{1}, \boxed{2}", "$\boxed{-2}$ and
+# $\boxed{1}$", "\boxed{1} \quad \text{and} \quad \boxed{2}"): on one line, nothing but commas,
+# "and" / "or", spacing and math delimiters.
+_BOX_GLUE = re.compile(
+    r"(?:[ \t,;~$]|\\[,;:! ()\[\]]|\\q?quad(?![a-zA-Z])|\\text\s*\{[ \t]*(?:and|or)?[ \t]*\}|(?<![a-zA-Z])(?:and|or)(?![a-zA-Z]))*+"
+)
 
 
 def _brace_pairs(text: str) -> dict[int, int]:
@@ -45,18 +51,28 @@ def _brace_pairs(text: str) -> dict[int, int]:
     return pairs
 
 
-def _boxes(text: str) -> list[tuple[int, str]]:
-    """(start, content) of every complete, non-empty ``\\boxed{...}`` / ``\\fbox{...}``, in order."""
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of every complete, non-empty ``\\boxed{...}`` / ``\\fbox{...}``, in
+    order of their start (``end``: the position after the closing brace)."""
     starts = [(m.start(), m.end() - 1) for m in _BOX_START.finditer(text)]
     if not starts:
         return []
     pairs = _brace_pairs(text)
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, int, str]] = []
     for start, open_pos in starts:
         close = pairs.get(open_pos)
         if close is not None and text[open_pos + 1 : close].strip():
-            found.append((start, text[open_pos + 1 : close].strip()))
+            found.append((start, close + 1, text[open_pos + 1 : close].strip()))
     return found
+
+
+def _last_boxed(text: str, boxes: list[tuple[int, int, str]]) -> str:
+    """The last box's content, joined with the boxes right before it that form one list with it
+    (only :data:`_BOX_GLUE` between them): "\\boxed{1}, \\boxed{2}" gives "1, 2"."""
+    i = len(boxes) - 1
+    while i > 0 and boxes[i - 1][1] <= boxes[i][0] and _BOX_GLUE.fullmatch(text, boxes[i - 1][1], boxes[i][0]):
+        i -= 1
+    return ", ".join(content for _, _, content in boxes[i:])
 
 
 def find_boxed(text: str) -> list[str]:
@@ -66,7 +82,7 @@ def find_boxed(text: str) -> list[str]:
     boxes are skipped. Occurrences are ordered by where they start, so for
     ``\\boxed{\\boxed{5}}`` the inner ``5`` comes last. Linear time.
     """
-    return [content for _, content in _boxes(text)]
+    return [content for _, _, content in _boxes(text)]
 
 
 def _clean(value: str) -> str:
@@ -104,7 +120,9 @@ def extract_answer(response: str) -> str | None:
        correct.`` (or ``The answer is X``), ``X`` is what lies between the phrases.
     2. The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), with balanced, possibly
        nested braces, when it comes after that line (or there is none): the last final answer
-       wins, line or box, whichever the response gives later.
+       wins, line or box, whichever the response gives later. Boxes in a row on one line, with
+       only commas, "and" / "or" or spacing between them, are one list answer: ``\\boxed{1},
+       \\boxed{2}`` gives ``1, 2`` (compared as a whole, so it is never credited as 1 or as 2).
     3. Otherwise None.
 
     >>> extract_answer("so we get 7.\\nAnswer: 25")
@@ -124,11 +142,11 @@ def extract_answer(response: str) -> str | None:
         if not value:
             continue
         if boxes and boxes[-1][0] >= m.end():  # a box after the answer line: the later one wins
-            return boxes[-1][1]
-        boxed = find_boxed(value)
-        value = boxed[-1] if boxed else _unphrase(value)
+            return _last_boxed(response, boxes)
+        line_boxes = _boxes(value)
+        value = _last_boxed(value, line_boxes) if line_boxes else _unphrase(value)
         if value:
             return value
     if boxes:
-        return boxes[-1][1]
+        return _last_boxed(response, boxes)
     return None

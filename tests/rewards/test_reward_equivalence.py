@@ -85,6 +85,10 @@ def test_math_verify_equivalence(pred: str, gt: str, expected: bool) -> None:
         ("...\nFinal Answer: The final answer is $28 \\%$. I hope it is correct.", "28", 1.0),
         ("The answer: first we find x.\nSo $\\boxed{17}$.", "17", 1.0),
         ("Answer: 16\nwait, that is wrong: $\\boxed{17}$", "16", -1.0),
+        # boxes in a row are one list: right for a list, never credit for one of two answers
+        ("so $\\boxed{1}, \\boxed{2}$", "1, 2", 1.0),
+        ("so $\\boxed{1}, \\boxed{2}$", "2", -1.0),
+        ("so $\\boxed{1}, \\boxed{2}$", "1", -1.0),
     ],
 )
 def test_math_reward(response: str, gt: str, reward: float) -> None:

@@ -113,5 +113,24 @@ def test_no_answer(response: str) -> None:
     assert extract_answer(response) is None
 
 
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        # boxes in a row, on one line, with only commas, "and"/"or" or spacing between them are one list
+        ("\\boxed{1},\\boxed{2},\\boxed{3}", "1, 2, 3"),
+        ("so \\[ \\boxed{-2} \\quad \\text{and} \\quad \\boxed{1}. \\]", "-2, 1"),
+        ("$\\boxed{1}$ and $\\boxed{2}$", "1, 2"),
+        ("\\boxed{(1, 2)}, \\boxed{(2, 1)}", "(1, 2), (2, 1)"),
+        # anything else between them: the last box alone
+        ("first \\boxed{1}, then \\boxed{2}", "2"),
+        ("\\boxed{5}\n\\boxed{6}", "6"),
+        ("\\boxed{(3, 3)} \\text{ for part (a) and } \\boxed{(1, 1)}", "(1, 1)"),
+        ("\\boxed{\\boxed{5}}", "5"),
+    ],
+)
+def test_boxes_in_a_row_are_one_list(response: str, expected: str) -> None:
+    assert extract_answer(response) == expected
+
+
 def test_find_boxed_order_and_nesting() -> None:
     assert find_boxed("\\boxed{a} x \\fbox{b{c}} \\boxed{") == ["a", "b{c}"]
