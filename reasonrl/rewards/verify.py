@@ -221,11 +221,16 @@ def _strip_units(text: str) -> str:
     drops words of an open list ("2ab" → 2) and groups that do not end the answer
     (``\\frac{1}{\\text{e}}`` → ``\\frac{1}{``)."""
     for _ in range(2):
-        stripped = _units_regex().sub("", text).rstrip()
+        # (only the tail is searched: a unit is short, and the pattern is quadratic on long blank runs)
+        head, tail = text[:-_UNIT_TAIL], text[-_UNIT_TAIL:]
+        stripped = (head + _units_regex().sub("", tail)).rstrip()
         if not stripped or stripped == text:
             break
         text = stripped
     return text
+
+
+_UNIT_TAIL = 200
 
 
 _units_cache: list[re.Pattern[str]] = []

@@ -211,3 +211,16 @@ def test_the_word_guard_knows_lists_matrices_products_and_percent(pred: str, gt:
 )
 def test_a_comma_and_a_space_separate_a_list(pred: str, gt: str | int, expected: bool) -> None:
     assert answers_equivalent(pred, gt) is expected
+
+
+def test_normalisation_is_linear_time() -> None:
+    """The rule step runs in the training process without a timeout: its patterns scan long blank
+    runs and long lists once. (No timing is asserted: a quadratic scan would make this test
+    visibly slow, not fail.)"""
+    from reasonrl.rewards.verify import decide_by_rule, normalize_answer
+
+    assert normalize_answer("1" + " " * 100_000 + "and 2") == "1, 2"
+    assert normalize_answer("1 and " * 20_000 + "2").count(",") == 20_000
+    assert decide_by_rule("1" + " " * 100_000 + "x", "12") is None
+    assert decide_by_rule("\\text{" * 20_000, "12") is None
+    assert decide_by_rule("\\begin{array}{" + "c" * 100_000, "12") is False  # an unclosed column spec: a word
