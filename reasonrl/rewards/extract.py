@@ -24,6 +24,10 @@ _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*+\{")
 # 17. I hope it is correct." and the plain "The answer is 17" give 17.
 _PHRASE = re.compile(r"(?:the\s++)?(?:final\s++)?answer\s++is\b[ \t]*+:?", re.IGNORECASE)
 _HOPE = re.compile(r"\s*+\.?\s*+I hope it is correct\b", re.IGNORECASE)
+# What may follow the closing phrase on its line: punctuation and chat-template tokens ("<|im_end|>",
+# "<|im_start|>user"),
+# nothing that could be a second answer ("... I hope it is correct. Or 43" is not credited as 42).
+_HOPE_TAIL = re.compile(r"(?:[\s.!]|<\|[a-z_]*+\|>(?:user|assistant|system)?|</s>)*+", re.IGNORECASE)
 # What may stand between boxes that form one list answer ("\boxed{1}, \boxed{2}", "$\boxed{-2}$ and
 # $\boxed{1}$", "\boxed{1} \quad \text{and} \quad \boxed{2}"): on one line, nothing but commas,
 # "and" / "or", spacing and math delimiters.
@@ -100,11 +104,13 @@ def _unphrase(value: str) -> str:
     m = _PHRASE.match(value)
     if not m:
         return value
-    value = value[m.end() :]
-    hope = _HOPE.search(value)
+    inner = value[m.end() :]
+    hope = _HOPE.search(inner)
     if hope:
-        value = value[: hope.start()]
-    value = value.strip()
+        if not _HOPE_TAIL.fullmatch(inner, hope.end()):
+            return value  # more text after it: a sentence, not an answer (the word guard decides)
+        inner = inner[: hope.start()]
+    value = inner.strip()
     if value.endswith(".") and not value.endswith("..."):
         value = value[:-1].rstrip()
     return _clean(value)

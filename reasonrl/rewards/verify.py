@@ -99,7 +99,7 @@ _STYLED_LETTER = re.compile(
 _PERCENT_WORD = re.compile(r"(?<![a-zA-Z\\])(?:pct|percentage)(?![a-zA-Z])", re.IGNORECASE)
 # "and" / "or" between two items (bare or as "\text{ and }"), with a comma before it or not: a list comma.
 _LIST_WORD = re.compile(
-    r"(?<=[^\s,])\s*+,?\s*+(?:\\(?:text|textrm|textnormal|mbox|mathrm)\s*\{\s*(?:and|or)\s*\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z]))\s*+(?=\S)"
+    r"(?<=[^\s,{])\s*+,?\s*+(?:\\(?:text|textrm|textnormal|mbox|mathrm)\s*\{\s*(?:and|or)\s*\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z]))\s*+(?=[^\s}])"
 )
 # A comma followed by blank space between digits: a list ("32, 349"), never a thousands separator.
 _LIST_COMMA = re.compile(r"\d\s*,\s+[-+−]?\d")
@@ -214,9 +214,9 @@ def _as_math(text: str) -> str:
 
 
 def _strip_units(text: str) -> str:
-    """``text`` without a trailing unit: a ``\\text{...}`` / ``\\mbox{...}`` group at the very end
-    (``\\frac{1}{3}\\text{ meters}``, ``15\\mbox{ cm}^2``; an answer's words were checked before,
-    :func:`unexpected_words`), or a unit of the closed list written plainly (``2.5 cm``); a bare
+    """``text`` without a trailing unit: a ``\\text{...}`` / ``\\mbox{...}`` group of words at the
+    very end (``\\frac{1}{3}\\text{ meters}``, ``15\\mbox{ cm}^2``; an answer's words were checked
+    before, :func:`unexpected_words`; a group with digits or math in it, ``42 \\text{43}``, stays), or a unit of the closed list written plainly (``2.5 cm``); a bare
     one-letter unit ("m", "s") stays, it may be a variable. math-verify's own removal (off here) also
     drops words of an open list ("2ab" → 2) and groups that do not end the answer
     (``\\frac{1}{\\text{e}}`` → ``\\frac{1}{``)."""
@@ -244,7 +244,7 @@ def _units_regex() -> re.Pattern[str]:
         phrase = r"(?:(?:square|sq|cubic)\s+)?(?:{u})\.?(?:\s+per\s+(?:{u})\.?)?".format(u=long_words)
         power = r"(?:\^\{?[23]\}?)?"
         _units_cache.append(re.compile(
-            r"(?:\s*\\(?:text|textbf|textit|textrm|textnormal|mbox|mathrm)\s*\{[^{}]*\}"
+            r"(?:\s*\\(?:text|textbf|textit|textrm|textnormal|mbox|mathrm)\s*\{[a-zA-Z\s./]*\}"
             r"|(?<=\s)" + phrase + r"(?![a-zA-Z]))" + power + r"\s*$",
             re.IGNORECASE,
         ))

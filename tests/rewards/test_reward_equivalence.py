@@ -224,3 +224,26 @@ def test_normalisation_is_linear_time() -> None:
     assert decide_by_rule("1" + " " * 100_000 + "x", "12") is None
     assert decide_by_rule("\\text{" * 20_000, "12") is None
     assert decide_by_rule("\\begin{array}{" + "c" * 100_000, "12") is False  # an unclosed column spec: a word
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        # a second answer after the right one, in each form the reading rules of issue 40 touch
+        "Answer: The final answer is 42. I hope it is correct. Or 43",
+        "Answer: 42 \\text{43}",
+        "Answer: 42 \\mbox{43}",
+        "Answer: 42\\text{ and 43}",
+        "Answer: 42\\text{ or }",
+        "Answer: 42 or 43",
+        "Answer: 43 or 42",
+        "Answer: 42 \\text{ or } 43",
+        "\\boxed{42}, \\boxed{43}",
+        "\\boxed{43} \\quad \\text{or} \\quad \\boxed{42}",
+        "Answer: 42 pct or 43",
+        "Answer: 42\\text{ cm or 43}",
+    ],
+)
+def test_two_answers_are_never_credited(response: str) -> None:
+    assert math_reward(response, "42") == -1.0
+    assert math_reward(response.replace("42", "\\frac{1}{2}").replace("43", "\\frac{1}{3}"), "\\frac{1}{2}") == -1.0

@@ -40,7 +40,10 @@ def test_answer_line(response: str, expected: str) -> None:
         # Minerva's format (and lm-eval's minerva_math): the answer is between the two phrases (issue 40, item 8)
         ("...\nFinal Answer: The final answer is 17. I hope it is correct.", "17"),
         ("...\nFinal Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.", "$\\frac{1}{2}$"),
-        ("...\nFinal Answer: The final answer is 7.78. I hope it is correct. Note: the rest", "7.78"),
+        ("...\nFinal Answer: The final answer is 7.78. I hope it is correct.<|im_end|>", "7.78"),
+        # more text after the closing phrase: the line is a sentence (the word guard scores it -1)
+        ("...\nFinal Answer: The final answer is 42. I hope it is correct. Or 43",
+         "The final answer is 42. I hope it is correct. Or 43"),
         ("...\nFinal Answer: The final answer is 16386.16.", "16386.16"),
         ("...\nFinal Answer: the final answer is $x-2y+z-1=0$. I hope it is correct.<|im_start|>user", "$x-2y+z-1=0$"),
         ("...\nAnswer: The answer is 5", "5"),
