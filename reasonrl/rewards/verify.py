@@ -1,14 +1,21 @@
 """Answer equivalence and the rule-based outcome reward (DAPO eq. 7: +1 correct, -1 otherwise).
 
-Equivalence is decided in three steps:
+Both sides are first normalised (:func:`normalize_answer`): a style command around one letter is the
+letter (``\\mathrm{e}`` → ``e``), ``pct`` / ``percentage`` are ``percent``, and ``and`` / ``or``
+between two items is a list comma. Then equivalence is decided in three steps:
 
 1. Both sides spell an integer (``reasonrl.answers.parse_integer``: "025", "3,000", "$540$",
    "540 dollars", a closed list of units): compare the integers, and stop. Nearly every
-   DAPO-Math-17K item ends here.
+   DAPO-Math-17K item ends here. A comma followed by a space separates a list ("32, 349" is two
+   numbers, not 32349).
 2. An answer holding words that are not in the ground truth, not units and not math function
    names ("42 and above", "3 or more") is wrong (:func:`unexpected_words`).
 3. Anything else goes through math-verify (``parse`` + ``verify``), with the answer wrapped in
-   ``$...$`` (math-verify's LaTeX extractor ignores bare LaTeX such as ``2\\sqrt{3}``).
+   ``$...$`` (math-verify's LaTeX extractor ignores bare LaTeX such as ``2\\sqrt{3}``). Its own
+   unit removal is off: it drops any trailing word of an open list ("ab", "c", "t", "more") and, in
+   0.9.0, cuts ``12 + \\frac{1}{\\mathrm{e}}`` to ``12 + \\frac{1}{``, reading 12; here only the
+   closed list of units is removed (:data:`reasonrl.answers.UNIT_WORDS`), and an answer it still
+   reads only in part (unbalanced braces in what it read) is not credited.
 
 The functions here call math-verify with its own timeout *disabled*: its timeout is based on
 ``signal.alarm``, which only works in the main thread of the main interpreter. They therefore run
@@ -38,6 +45,7 @@ __all__ = [
     "integer_equivalent",
     "math_reward",
     "math_verify_equivalent",
+    "normalize_answer",
     "score",
 ]
 
@@ -78,20 +86,56 @@ class Score:
 MATH_WORDS = frozenset("sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln lg exp min max gcd lcm mod pmod "
                        "det dim lim inf sup infty infinity".split())
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
+# Environment names ("\begin{bmatrix}", "\begin{array}{cc}") are markup, not words.
+_ENVIRONMENT = re.compile(r"\\begin\s*\{[a-zA-Z*]*\}(?:\s*\{[lcr|\s]*\})?|\\end\s*\{[a-zA-Z*]*\}")
 _WORD = re.compile(r"[a-zA-Z]{2,}")
+_LETTER = re.compile(r"[a-zA-Z]")
+
+# A style command around one letter is that letter: "\mathrm{e}" → "e", "\textbf{A}" → "A".
+_STYLED_LETTER = re.compile(
+    r"\\(?:mathrm|mathit|mathbf|mathsf|mathnormal|boldsymbol|bm|textrm|textit|textbf|textnormal|text|mbox|operatorname)"
+    r"\s*\{\s*([a-zA-Z])\s*\}"
+)
+_PERCENT_WORD = re.compile(r"(?<![a-zA-Z\\])(?:pct|percentage)(?![a-zA-Z])", re.IGNORECASE)
+# "and" / "or" between two items (bare or as "\text{ and }"), with a comma before it or not: a list comma.
+_LIST_WORD = re.compile(
+    r"(?<=[^\s,{])\s*+,?\s*+(?:\\(?:text|textrm|textnormal|mbox|mathrm)\s*\{\s*(?:and|or)\s*\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z]))\s*+(?=[^\s}])"
+)
+# A comma followed by blank space between digits: a list ("32, 349"), never a thousands separator.
+_LIST_COMMA = re.compile(r"\d\s*,\s+[-+−]?\d")
+
+
+def normalize_answer(text: str) -> str:
+    """``text`` with what reads the same spelled one way: a style command around one letter is the
+    letter (``\\mathrm{e}`` → ``e``; math-verify 0.9.0 stops reading at ``\\mathrm{e}``),
+    ``pct`` / ``percentage`` are ``percent`` (a unit, like ``\\%``: ``28 pct`` is 28), and
+    ``and`` / ``or`` between two items is a list comma (``19, 46, and 82`` → ``19, 46, 82``).
+
+    >>> normalize_answer("1 - \\\\frac{1}{\\\\mathrm{e}}"), normalize_answer("28 pct"), normalize_answer("1 \\\\text{ and } 2")
+    ('1 - \\\\frac{1}{e}', '28 percent', '1, 2')
+    """
+    text = _STYLED_LETTER.sub(r"\1", text)
+    text = _PERCENT_WORD.sub("percent", text)
+    return _LIST_WORD.sub(", ", text)
 
 
 def unexpected_words(pred: str, ground_truth: str | int) -> list[str]:
-    """Words of ``pred`` (runs of 2+ letters outside LaTeX commands) that are neither in the ground
-    truth, nor units, nor math function names: "42 and above" → ["and", "above"].
+    """Words of ``pred`` (runs of 2+ letters outside LaTeX commands and environment names) that are
+    neither in the ground truth, nor units, nor math function names, nor products of the ground
+    truth's own letters ("2ba" for "2ab"): "42 and above" → ["and", "above"].
 
     math-verify alone is lenient here (it accepts "3 or more" for 3, "42 apples" for 42), a
     reward-hacking surface; DAPO's own scorer compares normalised strings and rejects them too.
     """
     from reasonrl.answers import UNIT_WORDS
 
-    allowed = MATH_WORDS | UNIT_WORDS | {w.lower() for w in _WORD.findall(str(ground_truth))}
-    return [w for w in _WORD.findall(_LATEX_COMMAND.sub(" ", pred)) if w.lower() not in allowed]
+    def bare(text: str) -> str:
+        return _LATEX_COMMAND.sub(" ", _ENVIRONMENT.sub(" ", text))
+
+    gt = bare(str(ground_truth))
+    allowed = MATH_WORDS | UNIT_WORDS | {w.lower() for w in _WORD.findall(gt)}
+    letters = set(_LETTER.findall(gt))
+    return [w for w in _WORD.findall(bare(pred)) if w.lower() not in allowed and not set(w) <= letters]
 
 
 def decide_by_rule(pred: str, ground_truth: str | int) -> bool | None:
@@ -99,6 +143,7 @@ def decide_by_rule(pred: str, ground_truth: str | int) -> bool | None:
     the ground truth does not have (:func:`unexpected_words`) is wrong. None: ask math-verify
     (also when the rule itself fails on an odd string: it never raises, every caller can rely on it)."""
     try:
+        pred, ground_truth = normalize_answer(pred), normalize_answer(str(ground_truth))
         as_int = integer_equivalent(pred, ground_truth)
         if as_int is not None:
             return as_int
@@ -108,7 +153,10 @@ def decide_by_rule(pred: str, ground_truth: str | int) -> bool | None:
 
 
 def integer_equivalent(pred: str, ground_truth: str | int) -> bool | None:
-    """True/False when both sides spell integers (compared as integers), None otherwise."""
+    """True/False when both sides spell integers (compared as integers), None otherwise. A comma
+    followed by a space separates a list ("32, 349", "1, 300"): not an integer."""
+    if _LIST_COMMA.search(str(pred)) or _LIST_COMMA.search(str(ground_truth)):
+        return None
     p = parse_integer(pred)
     if p is None:
         return None
@@ -131,6 +179,7 @@ _mv_cache: dict[str, Any] = {}
 def _math_verify() -> dict[str, Any]:
     """Import math-verify lazily (about a second) and configure it once."""
     if not _mv_cache:
+        from latex2sympy2_extended.math_normalization import NormalizationConfig
         from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
         for name in ("math_verify.parser", "math_verify.grader"):
@@ -138,7 +187,16 @@ def _math_verify() -> dict[str, Any]:
         _mv_cache.update(
             parse=parse,
             verify=verify,
-            config=[LatexExtractionConfig(), ExprExtractionConfig()],
+            # math-verify's defaults but units=False: its unit removal drops any trailing word of an
+            # open list ("2ab" reads as 2, "x+2c" as x+2) and cuts "\\frac{1}{\\text{e}}" short
+            config=[
+                LatexExtractionConfig(
+                    normalization_config=NormalizationConfig(
+                        basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False
+                    )
+                ),
+                ExprExtractionConfig(),
+            ],
         )
     return _mv_cache
 
@@ -152,15 +210,60 @@ def _as_math(text: str) -> str:
         if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
             s = s[len(left) : len(s) - len(right)].strip()
             break
-    return f"${s}$"
+    return f"${_strip_units(s)}$"
+
+
+def _strip_units(text: str) -> str:
+    """``text`` without a trailing unit: a ``\\text{...}`` / ``\\mbox{...}`` group of words at the
+    very end (``\\frac{1}{3}\\text{ meters}``, ``15\\mbox{ cm}^2``; an answer's words were checked
+    before, :func:`unexpected_words`; a group with digits or math in it, ``42 \\text{43}``, stays), or a unit of the closed list written plainly (``2.5 cm``); a bare
+    one-letter unit ("m", "s") stays, it may be a variable. math-verify's own removal (off here) also
+    drops words of an open list ("2ab" → 2) and groups that do not end the answer
+    (``\\frac{1}{\\text{e}}`` → ``\\frac{1}{``)."""
+    for _ in range(2):
+        # (only the tail is searched: a unit is short, and the pattern is quadratic on long blank runs)
+        head, tail = text[:-_UNIT_TAIL], text[-_UNIT_TAIL:]
+        stripped = (head + _units_regex().sub("", tail)).rstrip()
+        if not stripped or stripped == text:
+            break
+        text = stripped
+    return text
+
+
+_UNIT_TAIL = 200
+
+
+_units_cache: list[re.Pattern[str]] = []
+
+
+def _units_regex() -> re.Pattern[str]:
+    if not _units_cache:
+        from reasonrl.answers import UNIT_WORDS
+
+        long_words = "|".join(sorted((w for w in UNIT_WORDS if len(w) > 1), key=len, reverse=True))
+        phrase = r"(?:(?:square|sq|cubic)\s+)?(?:{u})\.?(?:\s+per\s+(?:{u})\.?)?".format(u=long_words)
+        power = r"(?:\^\{?[23]\}?)?"
+        _units_cache.append(re.compile(
+            r"(?:\s*\\(?:text|textbf|textit|textrm|textnormal|mbox|mathrm)\s*\{[a-zA-Z\s./]*\}"
+            r"|(?<=\s)" + phrase + r"(?![a-zA-Z]))" + power + r"\s*$",
+            re.IGNORECASE,
+        ))
+    return _units_cache[0]
+
+
+def _read_in_full(parsed: list[Any]) -> bool:
+    """False when what math-verify read (the string it returns) has unbalanced braces: it stopped
+    reading inside a group, and its value is that of a prefix."""
+    return all(s.count("{") == s.count("}") for s in parsed if isinstance(s, str))
 
 
 def _parse(text: str) -> list[Any]:
     mv = _math_verify()
+    text = normalize_answer(text)
     parsed = mv["parse"](_as_math(text), extraction_config=mv["config"], parsing_timeout=None)
     if not parsed:  # e.g. plain text that is not valid LaTeX: let the expression extractor try
         parsed = mv["parse"](text, extraction_config=mv["config"], parsing_timeout=None)
-    return list(parsed)
+    return list(parsed) if _read_in_full(list(parsed)) else []
 
 
 def math_verify_equivalent(pred: str, ground_truth: str | int) -> bool:
