@@ -328,7 +328,7 @@ def _check_owner(p: Path, stage: str, option: str) -> tuple[str | None, bool]:
                 raise ReasonRLError(f"{option} {p} is not empty ({shown}) and holds a corrupt manifest.json (it names no stage): "
                                     f"reasonrl cannot tell whose run it is; choose a new {option}")
             raise ReasonRLError(f"{option} {p} is not empty ({shown}) and holds no reasonrl run: reasonrl writes only into an empty "
-                                f"directory or a run of its own; move {shown} out or choose a new {option}")
+                                f"directory or a run of its own; move {'it' if len(others) == 1 else 'them'} out or choose a new {option}")
         # nothing but reasonrl's own files: the lock, and what a claim killed in its marker's write leaves
         # (a whole marker not yet renamed names its stage; a torn one names none: nobody's, any stage takes it)
         found = _stage_of(_read_json(p / LEFTOVERS[0]))

@@ -250,7 +250,7 @@ def test_leftovers_beside_a_users_files_are_named_apart(tmp_path):
     _killed_in_marker_write(d, "eval", "truncated")
     (d / "notes.txt").write_text("mine")
     before = _tree(d)
-    with pytest.raises(ReasonRLError, match=r"is not empty \(notes.txt\) and holds no reasonrl run: .*move notes.txt out or choose a new --out"):
+    with pytest.raises(ReasonRLError, match=r"is not empty \(notes.txt\) and holds no reasonrl run: .*move it out or choose a new --out"):
         open_output(d, stage="eval", outputs=("samples.jsonl",), overwrite=True)
     assert _tree(d) == before
 
