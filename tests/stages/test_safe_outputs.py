@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import assert_user_error, run_cli
+from clihelp import assert_user_error, crashed_copy, run_cli
 from reasonrl.artifacts import LOCK, MANIFEST
 
 pytestmark = pytest.mark.slow
@@ -246,3 +246,45 @@ def test_a_failed_first_checkpoint_says_start_over(tiny_model, prepared, tmp_pat
     line = _one_error_line(p, "could not write checkpoint step 1", "no earlier checkpoint exists", "start over with --overwrite")
     assert "--resume" not in line
     assert not list((x / "checkpoints").glob(".step_*")) and not list((x / "checkpoints").glob("step_*"))
+
+
+
+def _probe(scratch: Path, *args: object) -> subprocess.CompletedProcess:
+    """Issue 40, item 9, as the probe ran it in a scratch directory: `mkdir d; echo precious > v.txt;
+    ln -s $PWD/v.txt d/.reasonrl.lock` (over the lock file of a run already in ``d``), then `reasonrl ARGS`."""
+    scratch.mkdir(exist_ok=True)
+    subprocess.run(["bash", "-c", "mkdir -p d; echo precious > v.txt; rm -f d/.reasonrl.lock; ln -s $PWD/v.txt d/.reasonrl.lock"],
+                   cwd=scratch, check=True)
+    return subprocess.run(_cmd(*args), cwd=scratch, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("stage", ["eval", "report", "train --resume"])
+def test_a_lock_file_that_is_a_link_is_never_written_through(stage, tiny_model, prepared, finished_train, tmp_path):
+    """`ln -s $PWD/v.txt d/.reasonrl.lock; reasonrl eval file … --out d` (or `report --out d`, `train --resume`): v.txt held {"pid": …}."""
+    scratch = tmp_path / "scratch"
+    if stage == "train --resume":  # a crashed run (from a shared disk, a tarball) whose lock file is a link
+        crashed_copy(finished_train, scratch / "d", step=1, steps=2)
+    args = {"eval": ["eval", "file", "--dataset", prepared, "--model", tiny_model, "--out", "d", *EVAL],
+            "report": ["report", finished_train, "--out", "d"],
+            "train --resume": ["train", "--model", tiny_model, "--data", prepared, "--out", "d", "--steps", "2", "--save-every", "1", *SMALL,
+                               "--resume"]}[stage]
+    _one_error_line(_probe(scratch, *args), "d/.reasonrl.lock is a symbolic link", "remove d/.reasonrl.lock and rerun")
+    assert (scratch / "v.txt").read_text() == "precious\n"
+    assert (scratch / "d" / LOCK).is_symlink()
+
+
+@pytest.mark.parametrize("stage", ["eval", "report", "prepare-data"])
+def test_a_run_killed_while_writing_its_marker_is_rerun(stage, tiny_model, prepared, toy_data_file, finished_train, tmp_path):
+    """Issue 42: `mkdir -p d && echo '{"stage": "eval"' > d/.reasonrl-run.json.tmp`, then `reasonrl eval file … --out d`:
+    refused by every stage, with --overwrite too ("is not empty (.reasonrl-run.json.tmp) and holds no reasonrl run")."""
+    args = {"eval": ["eval", "file", "--dataset", prepared, "--model", tiny_model, *EVAL],
+            "report": ["report", finished_train],
+            "prepare-data": ["prepare-data", toy_data_file, "--template", "none", "--val-size", "4"]}[stage]
+    for i, extra in enumerate([[], ["--overwrite"]] if stage == "eval" else [[]]):
+        d = tmp_path / f"d{i}"
+        d.mkdir()
+        (d / ".reasonrl-run.json.tmp").write_text('{"stage": "' + stage + '"\n')
+        r = run_cli(*args, "--out", d, *extra)
+        assert r.exit_code == 0, r.output
+        assert (d / MANIFEST).is_file() and not list(d.glob("*.tmp")) and not list(d.glob(".*.tmp"))
+        assert json.loads((d / ".reasonrl-run.json").read_text())["stage"] == stage
