@@ -383,8 +383,10 @@ def make_learner(cfg: Any, *, spec: Any, tokenizer: Any, dtype: str, ranks: Any,
     samples (``cfg``'s temperature, top-k, top-p), L_max = ``max_response_len``, the micro-batch
     size per process and the mini-batch size over all processes (``mini_batch_size`` / world)."""
     from reasonrl.algos import Sampling
+    from reasonrl.train.batch import check_forward_mode
     from reasonrl.train.learner import Learner
 
+    check_forward_mode(cfg.forward_mode, policy, critic_backend.model if critic_backend is not None else None, ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref_model,
                    sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k), pad_id=pad_id, max_len=cfg.max_response_len,
