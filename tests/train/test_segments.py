@@ -341,3 +341,18 @@ def test_packing_refuses_what_its_masks_cannot_reproduce(tiny_model) -> None:
     llama = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
     check_forward_mode("packed", llama)
     assert pass_mode("auto", llama, [tail], causal_lm=True) == "packed"
+
+
+def test_sliding_window_packed_under_gradient_checkpointing() -> None:
+    """Checkpointed layers attend with the dense masks (a mask per layer type here, Qwen2's): the model's own numbers."""
+    model = _sliding_model("qwen2")
+    prompts, responses = _rows()
+    batch = build_batch(prompts, responses, pad_id=0)
+    weights = torch.randn(batch.response_ids.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    want, want_g = _own(model, prompts, responses, weights, critic=False)
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for mode in ("packed", "auto"):
+        got, got_g = _through(model, batch, mode, weights, critic=False)
+        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-7, msg=mode)
+        _assert_grads(got_g, want_g, mode)
