@@ -1,4 +1,5 @@
-"""A tiny Llama model built in-process (byte-level BPE tokenizer + random weights), for tests.
+"""A tiny Llama model built in-process (byte-level BPE tokenizer + random weights), for tests; with
+``sliding_window`` a tiny Mistral, the same but for its sliding-window attention.
 
 head_dim is 32 so vLLM's CPU attention accepts it. It trains in seconds and saves as a normal HF
 directory, so every stage treats it exactly like a real model.
@@ -36,11 +37,13 @@ def build_tiny_model(
     num_heads: int = 2,
     max_position_embeddings: int = 1024,
     seed: int = 0,
+    sliding_window: int | None = None,
 ) -> Path:
-    """Write a tokenizer + random ``LlamaForCausalLM`` to ``out_dir`` and return it."""
+    """Write a tokenizer + random ``LlamaForCausalLM`` to ``out_dir`` and return it; with
+    ``sliding_window`` w a ``MistralForCausalLM`` whose every layer attends to the last w tokens."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -58,7 +61,9 @@ def build_tiny_model(
     fast.save_pretrained(out)
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
+    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if sliding_window is None else (MistralConfig, MistralForCausalLM)
+    window = {} if sliding_window is None else {"sliding_window": sliding_window}
+    cfg = config_class(
         vocab_size=len(fast),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -72,8 +77,9 @@ def build_tiny_model(
         bos_token_id=None,
         tie_word_embeddings=True,
         dtype="float32",
+        **window,
     )
-    model = LlamaForCausalLM(cfg)
+    model = model_class(cfg)
     model.generation_config.eos_token_id = fast.eos_token_id
     model.generation_config.pad_token_id = fast.pad_token_id
     model.save_pretrained(out, safe_serialization=True)

@@ -219,7 +219,7 @@ class BackendOpts:
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
     max_tokens_per_micro_batch: int = opt(0, "Cut micro-batches to this many tokens each, counted as --forward-mode runs them (shared: a micro-batch's distinct prompts at its longest prompt plus its rows at its longest response; plain: its rows padded; packed: its real tokens, each prompt once; auto: as the padded mode it falls back to) instead of --micro-batch-size rows: short responses go many to a forward, long ones few (verl's ppo_max_token_len_per_gpu); the gradient is the same. 0 = by rows.")
-    forward_mode: str = opt("auto", "How the trainer runs a micro-batch through a model: 'shared' (each distinct prompt once into a KV cache, then the responses on it), 'packed' (one padding-free sequence, each prompt once, a shared-prefix attention mask), 'plain' (the padded rows), or 'auto' (the default: the cheaper of packed and shared by token counts, one mode per pass over a step's or a mini-batch's micro-batches, decided on every rank's counts so ZeRO-3 ranks agree). The same numbers in every mode (docs/performance.md).")
+    forward_mode: str = opt("auto", "How the trainer runs a micro-batch through a model: 'shared' (each distinct prompt once into a KV cache, then the responses on it), 'packed' (one padding-free sequence, each prompt once, a shared-prefix attention mask), 'plain' (the padded rows), or 'auto' (the default: the cheaper of packed and shared by token counts, one mode per pass over a step's or a mini-batch's micro-batches, decided on every rank's counts so ZeRO-3 ranks agree). The same numbers in every mode, sliding-window models included; a model whose attention packed cannot reproduce (chunked attention, say) runs padded under auto and is refused by packed (docs/performance.md).")
     gradient_checkpointing: bool = opt(False, "Recompute each layer's activations in the backward pass (transformers' gradient checkpointing): a sequence then keeps one hidden state per layer instead of every intermediate, which long responses on big models need (see stages/*-qwen32b.toml); costs about one more forward.")
 
     def _check_backend(self, mini_batch_size: int, micro_batch_size: int) -> None:
@@ -413,8 +413,10 @@ def make_learner(cfg: Any, *, spec: Any, tokenizer: Any, dtype: str, ranks: Any,
     samples (``cfg``'s temperature, top-k, top-p), L_max = ``max_response_len``, the micro-batch
     size per process and the mini-batch size over all processes (``mini_batch_size`` / world)."""
     from reasonrl.algos import Sampling
+    from reasonrl.train.batch import check_forward_mode
     from reasonrl.train.learner import Learner
 
+    check_forward_mode(cfg.forward_mode, policy, critic_backend.model if critic_backend is not None else None, ref_model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref_model,
                    sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k), pad_id=pad_id, max_len=cfg.max_response_len,

@@ -35,10 +35,14 @@ def lr_factor(step: int, *, schedule: str = "constant", warmup_steps: int = 0, t
 
           m + (1 - m) * (1 + cos(pi * p)) / 2
 
-      from 1 at the first step after the warm-up down to m at step T (the run's last update, step T - 1,
-      is a hair above m). This is OpenRLHF's default ``cosine_with_min_lr`` (transformers'
-      ``get_cosine_with_min_lr_schedule_with_warmup``, ``min_lr = 0.1 * lr``) after its warm-up;
-      its warm-up is step / W, which starts the run at LR 0.
+      from 1 at the first step after the warm-up down towards m, reached at step T, which no update
+      runs at: the run's last update (step T - 1) runs at m + (1 - m) * (1 - cos(pi / (T - W))) / 2,
+      0.134 for T = 8, W = 0, m = 0.1 (0.145 with W = 1). The formula is OpenRLHF's default
+      ``cosine_with_min_lr`` (transformers' ``get_cosine_with_min_lr_schedule_with_warmup``,
+      ``min_lr = 0.1 * lr``) after its warm-up (step / W, which starts its run at LR 0), but OpenRLHF
+      steps it once per optimiser step, over all of them, and ``step`` here counts training steps
+      (``scheduler_step``, once per training step, whatever its mini-batches and epochs): with few
+      steps the last LR stays well above m.
     """
     if step < warmup_steps:
         return (step + 1) / warmup_steps

@@ -19,7 +19,12 @@ every GEMM runs over the micro-batch's real tokens only; one forward call. Its c
 mask, and attention either over all of it (CPU SDPA computes masked pairs too) or, where the model
 attends with sdpa and is not checkpointed, per segment (:mod:`reasonrl.train.segments`: each
 prompt causally, each response against its own prompt and itself, only the pairs that count) when
-that skips at least half of the N² pairs. ``mode="auto"`` picks shared or
+that skips at least half of the N² pairs. A model with sliding-window layers (Mistral, Phi-3,
+Qwen2 with ``use_sliding_window``, Gemma-2/3) gets the window in its masks too, per layer type as
+its own forward makes them (:func:`mask_windows`); a model whose attention the masks cannot
+reproduce (:func:`packing_problem`: chunked or bidirectional attention, other layer types, an
+attention implementation that takes no 4D mask) is never packed: ``auto`` runs it padded, an
+explicit ``packed`` is refused. ``mode="auto"`` picks shared or
 packed per micro-batch from token counts (:func:`forward_mode`); the trainer picks once per pass
 over a step's or a mini-batch's micro-batches, from every rank's counts (:func:`pass_mode`), so
 that ZeRO-3's ranks make the same forward calls.
@@ -34,6 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from reasonrl.errors import ReasonRLError
 from reasonrl.train.segments import KWARG, Spans, segments_in, segments_pay
 
 
@@ -176,14 +182,84 @@ class Packed:
     target: torch.Tensor
     spans: Spans
 
-    def attention_mask(self) -> torch.Tensor:
+    def attention_mask(self, window: int | None = None) -> torch.Tensor:
         """(1, 1, N, N) bool, True where query i attends to key j: j ≤ i, the same prompt, and j a
-        prompt token or a token of i's own response."""
+        prompt token or a token of i's own response; with a sliding ``window`` w, also j fewer than
+        w positions before i in their row (transformers' ``kv > q − w``: itself and the w − 1 before)."""
         g, r = self.group, self.row
         n = g.shape[0]
         i = torch.arange(n, device=g.device)
         m = (i[:, None] >= i[None, :]) & (g[:, None] == g[None, :]) & ((r[None, :] < 0) | (r[None, :] == r[:, None]))
+        if window is not None:
+            pos = self.position_ids
+            m &= pos[:, None] - pos[None, :] < window
         return m[None, None]
+
+    def longest(self) -> int:
+        """The longest row's tokens, prompt and response (the largest position + 1)."""
+        return int(self.position_ids.max()) + 1
+
+
+#: The layer types (transformers' ``config.layer_types``) whose attention the packed forward's masks reproduce.
+PACKED_LAYER_TYPES = ("full_attention", "sliding_attention")
+#: The attention implementations that take the packed forward's 4D masks as given.
+PACKED_ATTENTION = ("sdpa", "eager")
+
+
+def _text_config(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def packing_problem(config: Any) -> str:
+    """Why the packed forward cannot reproduce the attention of a model with this HF ``config``
+    ('' when it can): it packs only causal full and sliding-window layers (:func:`mask_windows`)
+    under an attention implementation that takes its 4D masks (:data:`PACKED_ATTENTION`)."""
+    impl = getattr(config, "_attn_implementation", None)
+    if impl is not None and impl not in PACKED_ATTENTION:
+        return f"it attends with {impl}, which takes no 4D attention mask (load it with sdpa or eager)"
+    c = _text_config(config)
+    if not getattr(c, "is_causal", True) or getattr(c, "use_bidirectional_attention", False):
+        return "its attention is bidirectional"
+    if getattr(c, "attention_chunk_size", None):
+        return "it attends in chunks (attention_chunk_size)"
+    other = sorted(set(getattr(c, "layer_types", None) or ()) - set(PACKED_LAYER_TYPES))
+    if other:
+        return f"it has {', '.join(other)} layers"
+    return ""
+
+
+def mask_windows(config: Any, longest: int) -> dict[str, int | None]:
+    """The sliding window (None: full causal) of each attention mask the packed forward hands a
+    model with this HF ``config`` (one :func:`packing_problem` clears), as the model's own forward
+    makes its masks (transformers' ``masking_utils``): a ``sliding_attention`` layer sees the keys
+    fewer than ``config.sliding_window`` positions back (itself included), a ``full_attention``
+    layer every earlier key; a config that lists no ``layer_types`` applies its ``sliding_window``
+    (if any: Mistral, Phi-3, Mixtral) in every layer. Keyed by layer type where the layers' windows
+    differ (Gemma-2/3, Qwen2 with ``use_sliding_window``: the model picks each layer's mask from the
+    dict, as it does from ``generate``'s); else one mask, under "". A window that the ``longest``
+    row (prompt and response) does not exceed masks nothing and counts as None."""
+    c = _text_config(config)
+    w = getattr(c, "sliding_window", None)
+    if w is not None and longest <= w:
+        w = None
+    types = getattr(c, "layer_types", None)
+    if not types:
+        return {"": w}
+    windows = {t: w if t == "sliding_attention" else None for t in sorted(set(types))}
+    return windows if len(set(windows.values())) > 1 else {"": next(iter(windows.values()))}
+
+
+def check_forward_mode(mode: str, *models: Any) -> None:
+    """Refuse ``--forward-mode packed`` for a model whose attention the packed forward cannot
+    reproduce (:func:`packing_problem`; None among ``models`` is skipped): a one-line error naming
+    the fix. ``auto`` never packs such a model (:func:`pass_mode`)."""
+    if mode != "packed":
+        return
+    for m in models:
+        problem = packing_problem(_config(m)) if m is not None else ""
+        if problem:
+            raise ReasonRLError(f"--forward-mode packed cannot reproduce this model's attention: {problem}; "
+                                "use --forward-mode auto (it runs such a model padded), shared or plain")
 
 
 def pack(batch: Batch) -> Packed:
@@ -236,16 +312,27 @@ def pack(batch: Batch) -> Packed:
 
 
 def _packed_outputs(model: Any, batch: Batch, *, causal_lm: bool) -> torch.Tensor:
-    """Packed mode: one forward over :func:`pack`'s sequence (batch 1) with its 4D attention mask,
-    outputs at the ``score`` positions only, scattered into (B, T, ·); zero off the valid tokens."""
+    """Packed mode: one forward over :func:`pack`'s sequence (batch 1) with its 4D attention mask
+    (one per sliding window the model's layers apply: :func:`mask_windows`), outputs at the
+    ``score`` positions only, scattered into (B, T, ·); zero off the valid tokens."""
+    config = _config(model)
+    problem = packing_problem(config)
+    if problem:
+        raise ReasonRLError(f"the packed forward cannot reproduce this model's attention: {problem}; use forward mode auto, shared or plain")
     pk = pack(batch)
-    # Additive float mask in the attention's dtype, made once: SDPA would otherwise turn a bool mask
+    windows = mask_windows(config, pk.longest())
+    # Additive float masks in the attention's dtype, made once: SDPA would otherwise turn a bool mask
     # into a float copy in every layer, and keep each for the backward (L × N² floats); eager adds it.
-    keep = pk.attention_mask()
-    dev = keep.device.type
+    dev = pk.input_ids.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else _param_dtype(model)
-    mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
-    del keep
+    made: dict[int | None, torch.Tensor] = {}
+    for w in windows.values():
+        if w not in made:
+            keep = pk.attention_mask(w)
+            made[w] = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+            del keep
+    pk.spans.masks = [(m, w) for w, m in made.items()]
+    mask = made[windows[""]] if "" in windows else {t: made[w] for t, w in windows.items()}
     kw = dict(input_ids=pk.input_ids[None], attention_mask=mask, position_ids=pk.position_ids[None], use_cache=False)
     per_segment = segments_pay(pk.spans.pairs(), pk.spans.n) and not _checkpointing(model)  # (a checkpointed layer's recompute would attend densely)
     with segments_in(_config(model)) if per_segment else contextlib.nullcontext(False) as on:
@@ -358,9 +445,12 @@ def pass_mode(mode: str, model: Any, batches: Iterable[Batch], *, causal_lm: boo
     micro-batches): ``mode`` itself unless it is ``auto`` (``batches`` are then not read); for
     ``auto`` the cheapest by :func:`forward_costs` summed over them and, with ``total`` (a sum over
     ranks, ``Ranks.sum``), over every rank's, so that every rank of a ZeRO-3 run picks the same
-    mode and makes the same forward calls; :func:`padded_mode` is the alternative to packed."""
+    mode and makes the same forward calls; :func:`padded_mode` is the alternative to packed, and
+    the mode of a model the packed forward cannot reproduce (:func:`packing_problem`)."""
     if mode != "auto" or model is None:
         return mode
+    if packing_problem(_config(model)):
+        return padded_mode(model)
     cost = ForwardCost.of(_config(model), causal_lm=causal_lm)
     keys = ("plain", "shared", "packed")
     sums = torch.zeros(len(keys), dtype=torch.float64)
@@ -398,7 +488,8 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, mode: str) -
     if mode not in MODES:
         raise ValueError(f"forward mode {mode!r}: use one of {', '.join(MODES)}")
     if mode == "auto":
-        mode = forward_mode(batch, ForwardCost.of(_config(model), causal_lm=causal_lm), shared=not _checkpointing(model))
+        mode = (padded_mode(model) if packing_problem(_config(model)) else
+                forward_mode(batch, ForwardCost.of(_config(model), causal_lm=causal_lm), shared=not _checkpointing(model)))
     if mode == "packed":
         return _packed_outputs(model, batch, causal_lm=causal_lm)
     return _shared_outputs(model, batch, causal_lm=causal_lm, share_prompts=mode == "shared")

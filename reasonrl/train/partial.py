@@ -10,9 +10,11 @@ batch stays full. This is Kimi k1.5's partial rollout (§2.6.2; slime's ``--part
 
 What it changes: a response continued in a later step was sampled by more than one policy, its
 first tokens by an older one. Its sampling log-probabilities are kept per token as the engine
-reported them, so the rollout/trainer mismatch and truncated importance sampling (``--algo`` rows
-with ``tis_cap``) see, and correct, exactly that. ``rollout/partial_stale_frac`` says how much of
-each batch began in an earlier step.
+reported them, so the rollout/trainer mismatch sees exactly that, and truncated importance
+sampling corrects it when it is on (``--tis-cap``; off by default). A response can span L_max / S
+steps or more (a step filled by finished groups runs no round), so its first tokens can be several
+policy versions old. ``rollout/partial_stale_frac`` says how much of each batch began in an earlier
+step.
 
 The pool is the same on every rank (each round's new tokens are gathered), so one state describes
 it, and it is saved in the checkpoint beside the data position: a resumed run continues the same

@@ -50,6 +50,15 @@ def test_cosine_is_openrlhfs_cosine_with_min_lr_after_the_warmup(warmup: int, to
         m + (1 - m) * (1 + math.cos(math.pi * p)) / 2, rel=1e-12)
 
 
+@pytest.mark.parametrize("warmup,total,m,last", [(0, 8, 0.1, 0.134254), (1, 8, 0.1, 0.144564)])
+def test_cosine_s_last_update_is_above_the_floor(warmup: int, total: int, m: float, last: float) -> None:
+    """What docs/algorithms.md says of a short run: its last step (T - 1) runs at
+    m + (1 - m) (1 - cos(pi / (T - W))) / 2, 0.134 of lr at T = 8 (the floor m comes at step T, never run)."""
+    f = lr_factor(total - 1, schedule="cosine", warmup_steps=warmup, total_steps=total, min_lr_ratio=m)
+    assert f == pytest.approx(m + (1 - m) * (1 - math.cos(math.pi / (total - warmup))) / 2, rel=1e-12)
+    assert f == pytest.approx(last, abs=1e-6)
+
+
 def test_unknown_schedule_is_refused_at_construction() -> None:
     from reasonrl.train.backend import lr_lambda
 
