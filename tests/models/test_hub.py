@@ -1,0 +1,151 @@
+"""Hub names, offline: a hub-layout cache built here (``models--org--tiny/snapshots/<commit>`` with
+``refs/main``, blobs linked from the snapshot as huggingface_hub writes them, and a
+``datasets--org--chains`` snapshot of parquet files), ``HF_HOME`` pointing at it and
+``HF_HUB_OFFLINE=1``: the real resolution code runs, only the network is missing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from clihelp import assert_user_error, run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+REV = "0123456789abcdef0123456789abcdef01234567"
+DATA_REV = "fedcba9876543210fedcba9876543210fedcba98"
+ENGINE = ["--engine", "hf", "--dtype", "fp32", "--max-response-len", "12", "--seed", "0"]
+SMALL = [*ENGINE, "--group-size", "4"]
+
+
+def add_snapshot(hub: Path, kind: str, repo_id: str, commit: str, files: dict[str, bytes], ref: str | None = "main") -> Path:
+    """Write ``files`` as huggingface_hub stores a snapshot: each file's bytes in ``blobs/<sha256>``,
+    a symlink to it under ``snapshots/<commit>/``, and ``refs/<ref>`` naming the commit."""
+    repo = hub / f"{kind}s--{repo_id.replace('/', '--')}"
+    snap = repo / "snapshots" / commit
+    for name, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        (snap / name).parent.mkdir(parents=True, exist_ok=True)
+        (snap / name).symlink_to(os.path.relpath(blob, (snap / name).parent))
+    if ref:
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    return snap
+
+
+def parquet_bytes(rows: list[dict]) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory, tiny_model) -> Path:
+    """HF_HOME with org/tiny (safetensors), org/pickled (pytorch_model.bin only) and org/chains (data)."""
+    home = tmp_path_factory.mktemp("hf_home")
+    hub = home / "hub"
+    model_files = {f.name: f.read_bytes() for f in Path(tiny_model).iterdir() if f.is_file()}
+    add_snapshot(hub, "model", "org/tiny", REV, model_files)
+    pickled = {k: v for k, v in model_files.items() if not k.endswith(".safetensors")}
+    add_snapshot(hub, "model", "org/pickled", REV, {**pickled, "pytorch_model.bin": b"not really a pickle"})
+    chains = [json.loads(ln) for ln in (ROOT / "data" / "chains.jsonl").read_text().splitlines()[:40]]
+    rows = [{"problem": r["problem"], "answer": r["answer"]} for r in chains]
+    add_snapshot(hub, "dataset", "org/chains", DATA_REV, {"data/train-00000-of-00001.parquet": parquet_bytes(rows[:32]),
+                                                          "data/validation-00000-of-00001.parquet": parquet_bytes(rows[32:])})
+    return home
+
+
+@pytest.fixture
+def offline(hf_home, tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("REASONRL_CACHE", str(tmp_path / "rcache"))
+    return hf_home
+
+
+def test_hub_names_parse():
+    from reasonrl.models.hub import split_hub_data, split_hub_name
+
+    assert split_hub_name("Qwen/Qwen2.5-Math-7B") == ("Qwen/Qwen2.5-Math-7B", None)
+    assert split_hub_name("org/tiny@refs/pr/1") == ("org/tiny", "refs/pr/1")
+    for not_hub in ("default", "/abs/dir", "./org/x", "a/b/c", "~/x", "org/../x", "org/"):
+        assert split_hub_name(not_hub) is None, not_hub
+    assert split_hub_data("hf:BytedTsinghua-SIA/DAPO-Math-17k") == ("BytedTsinghua-SIA/DAPO-Math-17k", None, None)
+    assert split_hub_data("hf:org/chains:main@test") == ("org/chains", "main", "test")
+
+
+def test_resolves_from_the_cache_and_records_the_commit(offline):
+    from reasonrl.models.hub import resolved
+    from reasonrl.models.loading import check_weights, resolve_model
+
+    snap = offline / "hub" / "models--org--tiny" / "snapshots" / REV
+    assert resolve_model("org/tiny") == snap
+    assert resolved("org/tiny")["commit"] == REV
+    assert resolve_model(f"org/tiny@{REV}") == snap
+    assert resolved(f"org/tiny@{REV}") == {"kind": "model", "repo_id": "org/tiny", "requested_revision": REV, "commit": REV, "path": str(snap)}
+    assert check_weights("org/tiny") == snap  # (--critic-init goes this way)
+
+
+def test_a_local_directory_of_the_same_spelling_wins(offline, tiny_model, tmp_path, monkeypatch):
+    import shutil
+
+    from reasonrl.models.loading import resolve_model
+
+    shutil.copytree(tiny_model, tmp_path / "org" / "tiny")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("org/tiny") == Path("org/tiny")
+
+
+def test_a_missing_name_is_one_line(offline, prepared, tmp_path):
+    r = run_cli("rollout", "--model", "org/absent", "--data", prepared, "--out", tmp_path / "r", *SMALL)
+    line = assert_user_error(r, "--model org/absent", "not found in the hub cache and offline", "hf download org/absent")
+    assert str(offline / "hub") in line
+    r = run_cli("rollout", "--model", "org/tiny@v9", "--data", prepared, "--out", tmp_path / "r", *SMALL)
+    assert_user_error(r, "not found in the hub cache and offline", "org/tiny at revision v9")
+    r = run_cli("eval", "file", "--dataset", "hf:org/absent", "--model", "org/tiny", "--out", tmp_path / "e", "--n", "1", *ENGINE)
+    assert_user_error(r, "dataset hf:org/absent", "not found in the hub cache and offline")
+    r = run_cli("eval", "file", "--dataset", "hf:org/chains@test", "--model", "org/tiny", "--out", tmp_path / "e", "--n", "1", *ENGINE)
+    assert_user_error(r, "no split 'test'", "its splits: train, validation")
+    r = run_cli("train", "--model", "org/tiny", "--data", "hf:org/chains", "--out", tmp_path / "t", *SMALL)
+    assert_user_error(r, "reasonrl prepare-data hf:org/chains --out DIR")
+
+
+def test_a_pickle_only_repository_is_refused(offline, prepared, tmp_path):
+    r = run_cli("rollout", "--model", "org/pickled", "--data", prepared, "--out", tmp_path / "r", *SMALL)
+    assert_user_error(r, "org/pickled", "pytorch_model.bin", "--allow-pickle")
+    assert not (tmp_path / "r").exists()
+
+
+def test_train_offline_from_hub_names(offline, tmp_path):
+    """The issue's check: a hub dataset through prepare-data, a hub model at a commit, a hub
+    validation split; each manifest names the commits."""
+    data = tmp_path / "data"
+    r = run_cli("prepare-data", "hf:org/chains", "--out", data, "--template", "chains", "--val-size", "2", "--decontaminate", "")
+    assert r.exit_code == 0, r.output
+    hub = json.loads((data / "manifest.json").read_text())["hub"]
+    assert hub["inputs[0]"]["commit"] == DATA_REV and hub["inputs[0]"]["split"] == "train" and hub["inputs[0]"]["rows"] == 32
+    assert hub["inputs[0]"]["fingerprint"]
+    out = tmp_path / "run"
+    r = run_cli("train", "--algo", "dapo", "--model", f"org/tiny@{REV}", "--data", data, "--out", out, "--steps", "1",
+                "--prompts-per-step", "2", "--mini-batch-size", "8", "--micro-batch-size", "4", "--overlong-cache-len", "4",
+                "--val-data", "hf:org/chains@validation", "--val-every", "1", "--val-n", "1", "--report-to", "none", *SMALL)
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["hub"]["model"] == {"name": f"org/tiny@{REV}", "kind": "model", "repo_id": "org/tiny", "requested_revision": REV, "commit": REV,
+                                 "path": str(offline / "hub" / "models--org--tiny" / "snapshots" / REV)}
+    assert m["hub"]["val_data"]["commit"] == DATA_REV and m["hub"]["val_data"]["split"] == "validation"
+    assert m["inputs"]["policy"]["path"].endswith(REV)
+    assert (out / "policy" / "config.json").is_file()
