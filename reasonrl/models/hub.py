@@ -7,7 +7,7 @@ name that is not in it is one line: "not found in the hub cache and offline"), `
 - :func:`resolve_hub_model`: a model repository's snapshot directory, downloading only what a
   model needs (``config.json`` and the other JSON files, tokenizer files, ``*.safetensors``; pickle
   weights only with ``allow_pickle``). A repository whose weights are pickle files only is refused
-  before anything is downloaded (online; offline, ``check_weights`` refuses the cached snapshot).
+  before anything is downloaded (online; offline or unreachable, the cached snapshot's files are checked).
   The directory is then an ordinary model directory: ``check_model_config`` and
   ``trust_remote_code=False`` apply as for a local folder.
 - :func:`hub_snapshot`: the same for a dataset repository (its data files and README only).
@@ -143,17 +143,22 @@ def hub_snapshot(repo_id: str, revision: str | None, *, repo_type: str, allow_pa
     return Path(path)
 
 
-def _repo_files(repo_id: str, revision: str | None, what: str, local_hint: str) -> list[str]:
-    from huggingface_hub import HfApi
+def _repo_files(repo_id: str, revision: str | None, what: str, local_hint: str) -> list[str] | None:
+    """The repository's file names at ``revision``; None when the hub cannot be reached (then
+    snapshot_download falls back on the cache, as huggingface_hub does, and the cached snapshot's
+    files are checked instead). A missing repository or revision, or a gated one, is one line."""
+    from huggingface_hub import HfApi, errors
 
     try:
         return HfApi().list_repo_files(repo_id, revision=revision)
-    except Exception as e:  # noqa: BLE001
+    except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as e:  # (GatedRepoError is a RepositoryNotFoundError)
         raise _hub_error(e, what, repo_id, revision, "model", local_hint) from None
+    except Exception:  # noqa: BLE001 - the network: the download below says what it finds
+        return None
 
 
-def _weights_line(files: list[str], where: str, allow_pickle: bool) -> str | None:
-    """Why a repository's file list cannot give a model, or None."""
+def _weights_line(files: list[str], where: str, allow_pickle: bool, pickle_option: bool = True) -> str | None:
+    """Why a repository's file list cannot give a model, or None (``pickle_option``: the stage has --allow-pickle)."""
     from fnmatch import fnmatch
 
     names = [f.rsplit("/", 1)[-1] for f in files]
@@ -162,14 +167,15 @@ def _weights_line(files: list[str], where: str, allow_pickle: bool) -> str | Non
     pickled = sorted(n for n in names if any(fnmatch(n, p) for p in PICKLE_FILES))
     if pickled and not allow_pickle:
         return (f"{where} holds weights only as pickle files ({', '.join(pickled[:3])}), which can run code when loaded: "
-                "use a repository (or revision) with safetensors weights, or pass --allow-pickle if you trust the source")
+                "use a repository (or revision) with safetensors weights" + (", or pass --allow-pickle if you trust the source" if pickle_option else ""))
     if not pickled:
         return f"{where} holds no model weights (no *.safetensors file): pass a model repository"
     return None
 
 
-def resolve_hub_model(name: str, *, allow_pickle: bool = False, what: str = "--model") -> Path:
-    """The snapshot directory of the hub model ``ORG/NAME[@REVISION]`` (see the module doc)."""
+def resolve_hub_model(name: str, *, allow_pickle: bool = False, what: str = "--model", pickle_option: bool = True) -> Path:
+    """The snapshot directory of the hub model ``ORG/NAME[@REVISION]`` (see the module doc);
+    ``pickle_option``: whether the stage has --allow-pickle (named in the refusal)."""
     parts = split_hub_name(name)
     if parts is None:
         raise ReasonRLError(f"{what} {name}: not a local directory nor a hub name ORG/NAME[@REVISION]: pass an HF model directory")
@@ -177,7 +183,8 @@ def resolve_hub_model(name: str, *, allow_pickle: bool = False, what: str = "--m
     label = f"{what} {name}"
     local_hint = "pass an existing local model directory"
     if not offline():  # look before downloading: a pickle-only repository is refused with nothing fetched
-        line = _weights_line(_repo_files(repo_id, revision, label, local_hint), f"{label}: {repo_id}", allow_pickle)
+        files = _repo_files(repo_id, revision, label, local_hint)
+        line = _weights_line(files, f"{label}: {repo_id}", allow_pickle, pickle_option) if files is not None else None
         if line:
             raise ReasonRLError(line)
     patterns = MODEL_FILES + (PICKLE_FILES if allow_pickle else ())
@@ -186,7 +193,7 @@ def resolve_hub_model(name: str, *, allow_pickle: bool = False, what: str = "--m
         raise ReasonRLError(f"{label}: its snapshot {path} has no config.json (not a transformers model, or not fully downloaded): "
                             f"download it again ({_download_hint(repo_id, revision, 'model')}) or pass another model")
     cached = [str(f.relative_to(path)) for f in path.rglob("*") if f.is_file()]
-    line = _weights_line(cached, f"{label}: the cached snapshot {path}", allow_pickle)
+    line = _weights_line(cached, f"{label}: the cached snapshot {path}", allow_pickle, pickle_option)
     if line:
         raise ReasonRLError(line)
     record_resolved(name, {"kind": "model", "repo_id": repo_id, "requested_revision": revision or "main", "commit": path.name, "path": str(path)})

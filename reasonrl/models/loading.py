@@ -101,7 +101,7 @@ def resolve_model(name: str | os.PathLike | None, *, allow_pickle: bool = False,
     from reasonrl.models.hub import is_hub_name, resolve_hub_model
 
     if is_hub_name(name):
-        return resolve_hub_model(str(name), allow_pickle=allow_pickle, what=what)
+        return resolve_hub_model(str(name), allow_pickle=allow_pickle, what=what, pickle_option=what != "--rewriter")
     p = Path(name).expanduser()
     if not p.exists():
         raise ReasonRLError(f"model {p} not found: pass an HF model directory or a hub name ORG/NAME[@REVISION] to {what} (or omit it for the embedded default)")

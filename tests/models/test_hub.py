@@ -149,3 +149,67 @@ def test_train_offline_from_hub_names(offline, tmp_path):
     assert m["hub"]["val_data"]["commit"] == DATA_REV and m["hub"]["val_data"]["split"] == "validation"
     assert m["inputs"]["policy"]["path"].endswith(REV)
     assert (out / "policy" / "config.json").is_file()
+
+
+ONLINE = """
+import json, sys
+from reasonrl.errors import ReasonRLError
+from reasonrl.models.hub import resolved
+from reasonrl.models.loading import resolve_model
+from reasonrl.data.readers import input_files
+out = {}
+for name, kw in [("org/both", {}), ("org/pickled", {}), ("org/pickled@main", {"allow_pickle": True}), ("org/absent", {}), ("org/both@v2", {})]:
+    try:
+        out[name] = [str(resolve_model(name, **kw)), resolved(name)["commit"]]
+    except ReasonRLError as e:
+        out[name] = "error: " + str(e)
+out["hf:org/chains@validation"] = [str(input_files("hf:org/chains@validation")[0]), resolved("hf:org/chains@validation")]
+print(json.dumps(out))
+"""
+
+
+def test_online_through_a_hub_on_loopback(tiny_model, tmp_path):
+    """The online path against a hub on loopback (tests/models/fakehub.py): the commit of main is
+    resolved, only the model's files are fetched (never a .bin beside safetensors), a pickle-only
+    repository is refused before any file is fetched (fetched with allow_pickle), an unknown
+    repository or revision is one line, and a dataset's split comes through datasets."""
+    from fakehub import FakeHub
+
+    model = {f.name: f.read_bytes() for f in Path(tiny_model).iterdir() if f.is_file()}
+    pickled = {k: v for k, v in model.items() if not k.endswith(".safetensors")}
+    rows = [{"problem": "What is 1 + 2?", "answer": "3"}, {"problem": "What is 2 + 2?", "answer": "4"}]
+    hub = FakeHub()
+    try:
+        hub.add("model", "org/both", REV, {**model, "pytorch_model.bin": b"pickle", "training_args.pt": b"pickle"})
+        hub.add("model", "org/pickled", DATA_REV, {**pickled, "pytorch_model.bin": b"pickle"})
+        hub.add("dataset", "org/chains", DATA_REV, {"data/train-00000-of-00001.parquet": parquet_bytes(rows * 3),
+                                                    "data/validation-00000-of-00001.parquet": parquet_bytes(rows), "extra/big.bin": b"x"})
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))}
+        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf"), REASONRL_CACHE=str(tmp_path / "rc"), HF_HUB_DISABLE_XET="1",
+                   PYTHONPATH=str(ROOT))
+        import subprocess
+        import sys
+
+        r = subprocess.run([sys.executable, "-c", ONLINE], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        hub.close()
+    snap = tmp_path / "hf" / "hub" / "models--org--both" / "snapshots" / REV
+    assert out["org/both"] == [str(snap), REV]
+    assert (tmp_path / "hf" / "hub" / "models--org--both" / "refs" / "main").read_text() == REV
+    assert sorted(p.name for p in snap.iterdir()) == sorted(model)  # no pytorch_model.bin, no training_args.pt
+    assert out["org/pickled"].startswith("error: --model org/pickled: org/pickled holds weights only as pickle files (pytorch_model.bin)")
+    assert "--allow-pickle" in out["org/pickled"]
+    assert out["org/pickled@main"][1] == DATA_REV
+    fetched = [q for q in hub.requests if "/resolve/" in q]
+    assert not [q for q in fetched if "org/both" in q and (q.endswith(".bin") or q.endswith(".pt"))], fetched
+    pickled_calls = [q for q in hub.requests if "org/pickled" in q]
+    second = [i for i, q in enumerate(pickled_calls) if "/tree/" in q][1]  # (the allow_pickle call's listing)
+    assert not [q for q in pickled_calls[:second] if "/resolve/" in q], pickled_calls  # refused with nothing fetched
+    assert [q for q in pickled_calls[second:] if q.endswith("pytorch_model.bin")]  # fetched with allow_pickle
+    assert out["org/absent"].startswith("error: --model org/absent: no model repository org/absent on the hub (or it is private: set HF_TOKEN)")
+    assert out["org/both@v2"] == "error: --model org/both@v2: org/both has no revision 'v2': pass a branch, tag or commit it has"
+    path, rec = out["hf:org/chains@validation"]
+    assert Path(path).name == "chains.parquet" and rec["commit"] == DATA_REV and rec["split"] == "validation" and rec["rows"] == 2
+    assert not [q for q in fetched if q.endswith("big.bin")]
