@@ -3,8 +3,8 @@
 ``reasonrl.prepare_data``, ``pretrain_value``, ``rollout``, ``train``, ``evaluate``, ``report`` and
 ``ablate`` take the stage's config dataclass (the one the CLI builds from its options), or keyword
 arguments that build it (``train(model=..., data=..., algo="dapo")``: the option names with ``_``,
-checked and coerced as a recipe's keys are), or a config and keyword arguments that replace some of
-its fields. Each runs the stage's ``run_…(config)`` as the CLI does (the same validation, run-directory
+checked and coerced as a recipe's keys are; ``recipe="stages/x.toml"`` first, as ``--config``), or a
+config and keyword arguments that replace some of its fields. Each runs the stage's ``run_…(config)`` as the CLI does (the same validation, run-directory
 rules and manifest; the libraries' logs and bars off unless ``verbose=True``) and returns a
 :class:`Result`. Bad input raises :class:`reasonrl.errors.ReasonRLError` (its message is the CLI's
 one line); a stop by SIGINT raises ``KeyboardInterrupt``.
@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["Result", "ablate", "evaluate", "prepare_data", "pretrain_value", "report", "rollout", "train"]
+
+#: The recipe tables a TOML recipe may hold (the CLI's stage names).
+STAGES = ("prepare-data", "pretrain-value", "rollout", "train", "eval", "report", "ablate", "main-job")
 
 
 @dataclass
@@ -59,21 +62,25 @@ def _numbers(d: Any) -> dict[str, float]:
     return {k: v for k, v in (d or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)} if isinstance(d, dict) else {}
 
 
-def _config(cls: type, config: Any, options: dict[str, Any]) -> Any:
-    """``config`` (a ``cls``), keyword arguments that build one, or both (the options replace fields)."""
-    from reasonrl.config import build_config
+def _config(cls: type, config: Any, options: dict[str, Any], stage: str) -> Any:
+    """``config`` (a ``cls``), keyword arguments that build one (over ``recipe``'s keys, when given),
+    or both (the options replace fields)."""
+    from reasonrl.config import build_config, load_recipe, recipe_layer
     from reasonrl.errors import ReasonRLError
 
     def plain(v: Any) -> Any:  # (a Path is given as its string, as on the command line)
         return os.fspath(v) if isinstance(v, os.PathLike) else [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
 
     options = {k: plain(v) for k, v in options.items()}
+    recipe = options.pop("recipe", None)
     if "reward" in options and callable(options["reward"]):
         from reasonrl.rewards.plugin import callable_spec
 
         options["reward"] = callable_spec(options["reward"])
     if config is None:
-        return build_config(cls, {k: v for k, v in options.items()})
+        return build_config(cls, recipe_layer(load_recipe(recipe), stage, cls, STAGES) if recipe else {}, options)
+    if recipe:
+        raise ReasonRLError(f"recipe={recipe!r} and a {cls.__name__} given: pass one of them")
     if not isinstance(config, cls):
         raise ReasonRLError(f"expected a {cls.__name__}, got {type(config).__name__}: pass {cls.__name__}(...) or keyword arguments")
     if not options:
@@ -107,7 +114,7 @@ def prepare_data(config: Any = None, /, *, verbose: bool = False, **options: Any
     directories or ``hf:ORG/NAME[:CONFIG][@SPLIT]``). ``summary``: the report (counts, drops, rewrites)."""
     from reasonrl.stages.prepare_data import PrepareConfig, run_prepare
 
-    cfg = _config(PrepareConfig, config, options)
+    cfg = _config(PrepareConfig, config, options, "prepare-data")
     rep = _run(run_prepare, cfg, verbose)
     out = Path(cfg.out)
     return Result("prepare-data", out, cfg, rep, {"train_rows": rep.get("train", 0), "validation_rows": rep.get("validation", 0)},
@@ -118,7 +125,7 @@ def pretrain_value(config: Any = None, /, *, verbose: bool = False, **options: A
     """``reasonrl pretrain-value``: a :class:`reasonrl.stages.pretrain_value.PretrainValueConfig`. ``paths["critic"]``: the value model."""
     from reasonrl.stages.pretrain_value import PretrainValueConfig, run_pretrain_value
 
-    cfg = _config(PretrainValueConfig, config, options)
+    cfg = _config(PretrainValueConfig, config, options, "pretrain-value")
     summary = _run(run_pretrain_value, cfg, verbose)
     out = Path(cfg.out)
     return Result("pretrain-value", out, cfg, summary, _numbers(summary), _existing(out, {"critic": "critic", "metrics": "metrics.jsonl"}))
@@ -128,7 +135,7 @@ def rollout(config: Any = None, /, *, verbose: bool = False, **options: Any) -> 
     """``reasonrl rollout``: a :class:`reasonrl.stages.rollout.RolloutConfig`. ``paths["rollouts"]``: the parquet."""
     from reasonrl.stages.rollout import RolloutConfig, run_rollout
 
-    cfg = _config(RolloutConfig, config, options)
+    cfg = _config(RolloutConfig, config, options, "rollout")
     summary = _run(run_rollout, cfg, verbose)
     out = Path(cfg.out)
     return Result("rollout", out, cfg, summary, _numbers(summary), _existing(out, {"rollouts": "rollouts.parquet", "summary": "summary.json"}))
@@ -140,7 +147,7 @@ def train(config: Any = None, /, *, verbose: bool = False, **options: Any) -> Re
     ``metrics``: the last step's metrics; ``summary``: ``summary.json``."""
     from reasonrl.stages.train import TrainConfig, run_train
 
-    cfg = _config(TrainConfig, config, options)
+    cfg = _config(TrainConfig, config, options, "train")
     _run(run_train, cfg, verbose)
     out = Path(cfg.out)
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8")) if (out / "summary.json").is_file() else {}
@@ -153,7 +160,7 @@ def evaluate(config: Any = None, /, *, verbose: bool = False, **options: Any) ->
     ``aime24``, a data file, a prepare-data directory or ``hf:ORG/NAME...``). ``metrics``: each metric's value."""
     from reasonrl.stages.eval import EvalConfig, run_eval
 
-    cfg = _config(EvalConfig, config, options)
+    cfg = _config(EvalConfig, config, options, "eval")
     results = _run(run_eval, cfg, verbose)
     out = Path(cfg.out)
     metrics = {k: v["value"] for k, v in (results.get("metrics") or {}).items() if isinstance(v, dict) and "value" in v}
@@ -164,7 +171,7 @@ def report(config: Any = None, /, *, verbose: bool = False, **options: Any) -> R
     """``reasonrl report``: a :class:`reasonrl.stages.report.ReportConfig` (``runs``: run directories). ``paths["html"]``: report.html."""
     from reasonrl.stages.report import ReportConfig, run_report
 
-    cfg = _config(ReportConfig, config, options)
+    cfg = _config(ReportConfig, config, options, "report")
     rep = _run(run_report, cfg, verbose)
     out = Path(cfg.out)
     summary = {"runs": [str(r.path) for r in rep.runs], "figures": [p.name for p in rep.figures], "skipped": rep.skipped}
@@ -176,7 +183,7 @@ def ablate(config: Any = None, /, *, verbose: bool = False, **options: Any) -> R
     process). ``summary``: what the stage returned; ``paths["table"]``: ablation.json when collected."""
     from reasonrl.stages.ablate import AblateConfig, run_ablate
 
-    cfg = _config(AblateConfig, config, options)
+    cfg = _config(AblateConfig, config, options, "ablate")
     summary = _run(run_ablate, cfg, verbose)
     out = Path(cfg.out)
     return Result("ablate", out, cfg, summary if isinstance(summary, dict) else {}, {}, _existing(out, {"table": "ablation.json", "plan": "plan.json"}))

@@ -141,6 +141,24 @@ def test_errors_and_run_directory_rules(tiny_model, prepared, tmp_path):
     assert reasonrl.rollout(cfg, overwrite=True).metrics["samples"] == 4
 
 
+def test_a_recipe_then_keywords(tmp_path):
+    """``recipe=`` is read as ``--config`` is (its [rollout] table, a misspelled table refused) and
+    keywords override it: group_size 0 from the recipe fails the check, group_size=2 passes it and
+    the run stops at the missing data."""
+    from reasonrl import ReasonRLError
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[rollout]\ngroup_size = 0\n")
+    with pytest.raises(ReasonRLError, match="group_size must be >= 1"):
+        reasonrl.rollout(recipe=recipe, out=tmp_path / "o")
+    with pytest.raises(ReasonRLError, match="absent not found: run `reasonrl prepare-data` first"):
+        reasonrl.rollout(recipe=recipe, group_size=2, data=tmp_path / "absent", out=tmp_path / "o", **ENGINE)
+    recipe.write_text("[rollot]\ngroup_size = 2\n")
+    with pytest.raises(ReasonRLError, match=r"recipe table \[rollot\] names no stage"):
+        reasonrl.rollout(recipe=recipe, out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_nested_function_is_refused_with_its_fix():
     from reasonrl.rewards.plugin import callable_spec
 
