@@ -109,13 +109,13 @@ def _hub_error(e: Exception, what: str, repo_id: str, revision: str | None, repo
 
     if isinstance(e, errors.GatedRepoError):
         return ReasonRLError(f"{what}: {repo_id} is gated: accept its terms on huggingface.co and set HF_TOKEN to a token of that account")
+    local = "no such local directory, and " if repo_type == "model" else ""
     if isinstance(e, errors.RepositoryNotFoundError):
-        return ReasonRLError(f"{what}: no {repo_type} repository {repo_id} on the hub (or it is private: set HF_TOKEN); {local_hint}")
+        return ReasonRLError(f"{what}: {local}no {repo_type} repository {repo_id} on the hub (or it is private: set HF_TOKEN); {local_hint}")
     if isinstance(e, errors.RevisionNotFoundError):
         return ReasonRLError(f"{what}: {repo_id} has no revision {revision!r}: pass a branch, tag or commit it has")
     if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)) and offline():
         rev = f" at revision {revision}" if revision else ""
-        local = "no such local directory, and " if repo_type == "model" else ""
         return ReasonRLError(f"{what}: {local}not found in the hub cache and offline: {repo_id}{rev} is not in {hub_cache()} and HF_HUB_OFFLINE is set; "
                              f"download it first ({_download_hint(repo_id, revision, repo_type)}), or {local_hint}")
     return ReasonRLError(f"{what}: cannot reach the hub for {repo_id} ({error_line(e, 160)}): check the network, "
@@ -173,15 +173,16 @@ def _weights_line(files: list[str], where: str, allow_pickle: bool, pickle_optio
     return None
 
 
-def resolve_hub_model(name: str, *, allow_pickle: bool = False, what: str = "--model", pickle_option: bool = True) -> Path:
+def resolve_hub_model(name: str, *, allow_pickle: bool = False, what: str = "--model", pickle_option: bool = True,
+                      local_hint: str = "pass an existing local model directory") -> Path:
     """The snapshot directory of the hub model ``ORG/NAME[@REVISION]`` (see the module doc);
-    ``pickle_option``: whether the stage has --allow-pickle (named in the refusal)."""
+    ``pickle_option``: whether the stage has --allow-pickle (named in the refusal); ``local_hint``:
+    the fix when the name is meant as a local path that is not there."""
     parts = split_hub_name(name)
     if parts is None:
         raise ReasonRLError(f"{what} {name}: not a local directory nor a hub name ORG/NAME[@REVISION]: pass an HF model directory")
     repo_id, revision = parts
     label = f"{what} {name}"
-    local_hint = "pass an existing local model directory"
     if not offline():  # look before downloading: a pickle-only repository is refused with nothing fetched
         files = _repo_files(repo_id, revision, label, local_hint)
         line = _weights_line(files, f"{label}: {repo_id}", allow_pickle, pickle_option) if files is not None else None

@@ -92,16 +92,18 @@ def _convert(gguf: Path, out: Path) -> None:
     (out / ".complete").write_text(str(gguf) + "\n")
 
 
-def resolve_model(name: str | os.PathLike | None, *, allow_pickle: bool = False, what: str = "--model") -> Path:
+def resolve_model(name: str | os.PathLike | None, *, allow_pickle: bool = False, what: str = "--model", local_hint: str | None = None) -> Path:
     """``None``/``"default"`` → the embedded model; an existing HF directory; else a hub name
     ``ORG/NAME[@REVISION]`` (``reasonrl.models.hub``; ``allow_pickle`` lets it fetch pickle
-    weights, ``what`` names the option in messages)."""
+    weights, ``what`` names the option in messages, ``local_hint`` is the fix for a local path that
+    is not there)."""
     if name is None or str(name) in (DEFAULT_MODEL, ""):
         return embedded_model_dir()
     from reasonrl.models.hub import is_hub_name, resolve_hub_model
 
     if is_hub_name(name):
-        return resolve_hub_model(str(name), allow_pickle=allow_pickle, what=what, pickle_option=what != "--rewriter")
+        return resolve_hub_model(str(name), allow_pickle=allow_pickle, what=what, pickle_option=what != "--rewriter",
+                                 **({"local_hint": local_hint} if local_hint else {}))
     p = Path(name).expanduser()
     if not p.exists():
         raise ReasonRLError(f"model {p} not found: pass an HF model directory or a hub name ORG/NAME[@REVISION] to {what} (or omit it for the embedded default)")

@@ -131,7 +131,8 @@ def critic_dir(path: str | Path, allow_pickle: bool = False) -> Path:
     from reasonrl.models.hub import is_hub_name
     from reasonrl.models.loading import check_model_config, resolve_model
 
-    p = resolve_model(path, allow_pickle=allow_pickle, what="--critic") if is_hub_name(path) else Path(path)
+    p = (resolve_model(path, allow_pickle=allow_pickle, what="--critic", local_hint=f"run `reasonrl pretrain-value --out {path}` first")
+         if is_hub_name(path) else Path(path))
     if not p.exists():
         raise MissingArtifactError(f"critic {p} not found: run `reasonrl pretrain-value --out {p}` first")
     if (p / "critic" / "config.json").is_file():

@@ -208,8 +208,17 @@ def test_online_through_a_hub_on_loopback(tiny_model, tmp_path):
     second = [i for i, q in enumerate(pickled_calls) if "/tree/" in q][1]  # (the allow_pickle call's listing)
     assert not [q for q in pickled_calls[:second] if "/resolve/" in q], pickled_calls  # refused with nothing fetched
     assert [q for q in pickled_calls[second:] if q.endswith("pytorch_model.bin")]  # fetched with allow_pickle
-    assert out["org/absent"].startswith("error: --model org/absent: no model repository org/absent on the hub (or it is private: set HF_TOKEN)")
+    assert out["org/absent"].startswith("error: --model org/absent: no such local directory, and no model repository org/absent on the hub (or it is private: set HF_TOKEN)")
     assert out["org/both@v2"] == "error: --model org/both@v2: org/both has no revision 'v2': pass a branch, tag or commit it has"
     path, rec = out["hf:org/chains@validation"]
     assert Path(path).name == "chains.parquet" and rec["commit"] == DATA_REV and rec["split"] == "validation" and rec["rows"] == 2
     assert not [q for q in fetched if q.endswith("big.bin")]
+
+
+def test_a_missing_relative_critic_still_names_pretrain_value(offline, prepared, tmp_path, monkeypatch):
+    """A relative path spelled like a hub name (runs/critic) that is not there: the line names both
+    readings, and the fix of the local one (run pretrain-value)."""
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("train", "--algo", "vcppo", "--model", "org/tiny", "--data", prepared, "--critic", "runs/critic", "--out", tmp_path / "t", *SMALL)
+    assert_user_error(r, "--critic runs/critic: no such local directory, and not found in the hub cache and offline",
+                      "run `reasonrl pretrain-value --out runs/critic` first")
