@@ -1,7 +1,8 @@
 """Artifacts on disk: every stage writes its outputs, then ``manifest.json`` last.
 
 A manifest holds the stage name, the resolved config, the hashes of the inputs, the package
-versions and, for a hub model or dataset, the commit it resolved to. A directory without a manifest is incomplete (a crashed stage) and is not used as input.
+versions and, for a hub model or dataset, the commit it resolved to. A directory without a manifest
+is incomplete (a crashed stage) and is not used as input.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ def dataset_files(dataset: str) -> list[Path]:
     """The files a ``--dataset`` value reads: a bundled set's, a prepare-data directory's
     validation split, or a data file (a directory of them)."""
     from reasonrl.data.readers import input_files
-
     from reasonrl.models.hub import is_hub_data
 
     if dataset in EVAL_SETS:
