@@ -58,6 +58,9 @@ def hf_home(tmp_path_factory, tiny_model) -> Path:
     add_snapshot(hub, "model", "org/tiny", REV, model_files)
     pickled = {k: v for k, v in model_files.items() if not k.endswith(".safetensors")}
     add_snapshot(hub, "model", "org/pickled", REV, {**pickled, "pytorch_model.bin": b"not really a pickle"})
+    config = json.loads(model_files["config.json"])
+    remote = {**model_files, "config.json": json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}).encode()}
+    add_snapshot(hub, "model", "org/remote", REV, remote)
     chains = [json.loads(ln) for ln in (ROOT / "data" / "chains.jsonl").read_text().splitlines()[:40]]
     rows = [{"problem": r["problem"], "answer": r["answer"]} for r in chains]
     add_snapshot(hub, "dataset", "org/chains", DATA_REV, {"data/train-00000-of-00001.parquet": parquet_bytes(rows[:32]),
@@ -121,6 +124,12 @@ def test_a_missing_name_is_one_line(offline, prepared, tmp_path):
     assert_user_error(r, "no split 'test'", "its splits: train, validation")
     r = run_cli("train", "--model", "org/tiny", "--data", "hf:org/chains", "--out", tmp_path / "t", *SMALL)
     assert_user_error(r, "reasonrl prepare-data hf:org/chains --out DIR")
+
+
+def test_a_hub_model_that_asks_for_its_own_code_is_refused(offline, prepared, tmp_path):
+    """The snapshot is checked as a local folder is (check_model_config; trust_remote_code stays off)."""
+    r = run_cli("rollout", "--model", "org/remote", "--data", prepared, "--out", tmp_path / "r", *SMALL)
+    assert_user_error(r, "models--org--remote", "asks to run the folder's own Python (auto_map: modeling_x.XForCausalLM", "reasonrl never runs a model's code")
 
 
 def test_a_pickle_only_repository_is_refused(offline, prepared, tmp_path):
