@@ -110,8 +110,8 @@ def hub_data_file(spec: str) -> Path:
     org, name = repo_id.split("/")
     folder = cache_dir() / "hub-data" / f"{org}--{name}" / snap.name / (config or "default")
     known = resolved(spec)
-    if known and known.get("commit") == snap.name and Path(known["path"]).is_file():
-        return Path(known["path"])  # (resolved already in this process, at the same commit)
+    if known and known.get("commit") == snap.name and known["path"] == str(folder / known["split"] / f"{name}.parquet") and Path(known["path"]).is_file():
+        return Path(known["path"])  # (resolved already in this process, at the same commit, into this cache)
     import datasets
 
     if not library_bars():  # (quiet: the libraries' bars are off unless --verbose, reasonrl.console)
