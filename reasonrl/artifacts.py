@@ -1,7 +1,8 @@
 """Artifacts on disk: every stage writes its outputs, then ``manifest.json`` last.
 
-A manifest holds the stage name, the resolved config, the hashes of the inputs and the package
-versions. A directory without a manifest is incomplete (a crashed stage) and is not used as input.
+A manifest holds the stage name, the resolved config, the hashes of the inputs, the package
+versions and, for a hub model or dataset, the commit it resolved to. A directory without a manifest
+is incomplete (a crashed stage) and is not used as input.
 """
 
 from __future__ import annotations
@@ -169,13 +170,19 @@ def last_record(path: str | Path, max_step: int | None = None) -> dict[str, Any]
 
 
 def write_manifest(out_dir: str | Path, stage: str, config: dict[str, Any], inputs: dict[str, str | Path | None], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``out_dir/manifest.json`` (call it last, after every output is on disk)."""
+    """Write ``out_dir/manifest.json`` (call it last, after every output is on disk). Config values
+    that were hub names (a model ``ORG/NAME[@REVISION]``, data ``hf:ORG/NAME...``) get a ``hub``
+    entry: the repository and the commit they resolved to (``reasonrl.models.hub``)."""
+    from reasonrl.models.hub import manifest_records
+
+    hub = manifest_records(config)
     manifest = {
         "stage": stage,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": config,
         "inputs": {k: {"path": str(v), "sha256": hash_path(v)} for k, v in inputs.items() if v is not None and Path(v).exists()},
         "versions": versions(),
+        **({"hub": hub} if hub else {}),
         **(extra or {}),
     }
     write_json(Path(out_dir) / MANIFEST, manifest)

@@ -1,4 +1,5 @@
-"""Reading math data sets: jsonl, json, parquet (plain or verl's RL format) and saved datasets.
+"""Reading math data sets: jsonl, json, parquet (plain or verl's RL format), saved datasets and hub
+datasets (``hf:ORG/NAME[:CONFIG][@SPLIT]``: :func:`hub_data_file`).
 
 :func:`read_records` yields every record of the inputs with where it came from (file and line or
 row). :func:`extract_fields` maps one record to ``(problem, answer)``:
@@ -54,7 +55,12 @@ class Record:
 
 
 def input_files(path: str | Path) -> list[Path]:
-    """The readable files (or saved dataset directories) an input path stands for."""
+    """The readable files (or saved dataset directories) an input path stands for; a hub dataset
+    name ``hf:ORG/NAME[:CONFIG][@SPLIT]`` stands for its split, as a parquet file (:func:`hub_data_file`)."""
+    from reasonrl.models.hub import is_hub_data
+
+    if is_hub_data(path) and not Path(path).exists():
+        return [hub_data_file(str(path))]
     p = Path(path)
     if not p.exists():
         raise ReasonRLError(f"input {p} not found: pass an existing .jsonl, .json or .parquet file, or a directory")
@@ -70,6 +76,70 @@ def input_files(path: str | Path) -> list[Path]:
     if not files:
         raise ReasonRLError(f"input directory {p} holds no .jsonl, .json or .parquet file nor a saved dataset: pass the data files")
     return files
+
+
+def _datasets_cache() -> str | None:
+    """datasets' cache as the environment says now (``HF_DATASETS_CACHE``, ``$HF_HOME/datasets``), else its default."""
+    import os
+
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return os.environ["HF_DATASETS_CACHE"]
+    return str(Path(os.environ["HF_HOME"]) / "datasets") if os.environ.get("HF_HOME") else None
+
+
+def hub_data_file(spec: str) -> Path:
+    """The split a hub dataset name ``hf:ORG/NAME[:CONFIG][@SPLIT]`` names, as a parquet file.
+
+    The repository's data files come through huggingface_hub's cache (``reasonrl.models.hub``:
+    ``HF_HOME``, ``HF_HUB_OFFLINE``, ``HF_TOKEN``; its main branch), then ``datasets.load_dataset``
+    reads them with CONFIG (default: the dataset's default); SPLIT defaults to ``train``, else the
+    only split. The split is written once per commit, config and split under the reasonrl cache
+    (``$REASONRL_CACHE/hub-data/ORG--NAME/COMMIT/CONFIG/SPLIT/NAME.parquet``, so rows are named
+    ``NAME.parquet row N`` and ``data_source`` defaults to NAME); the commit, config, split and the
+    dataset's fingerprint are recorded for the manifest (``reasonrl.models.hub.manifest_records``).
+    """
+    import os
+
+    from reasonrl.console import error_line, library_bars
+    from reasonrl.models.hub import DATA_FILES, hub_snapshot, record_resolved, resolved, split_hub_data
+    from reasonrl.models.loading import cache_dir
+
+    repo_id, config, split = split_hub_data(spec)
+    snap = hub_snapshot(repo_id, None, repo_type="dataset", allow_patterns=DATA_FILES, what=f"dataset {spec}",
+                        local_hint="pass a local data file")
+    org, name = repo_id.split("/")
+    folder = cache_dir() / "hub-data" / f"{org}--{name}" / snap.name / (config or "default")
+    known = resolved(spec)
+    if known and known.get("commit") == snap.name and known["path"] == str(folder / known["split"] / f"{name}.parquet") and Path(known["path"]).is_file():
+        return Path(known["path"])  # (resolved already in this process, at the same commit, into this cache)
+    import datasets
+
+    if not library_bars():  # (quiet: the libraries' bars are off unless --verbose, reasonrl.console)
+        datasets.disable_progress_bars()
+    try:
+        loaded = datasets.load_dataset(str(snap), config, cache_dir=_datasets_cache())
+    except ValueError as e:  # an unknown config, or files it cannot read
+        raise ReasonRLError(f"dataset {spec}: {error_line(e, 200)}: pass one of its configs as hf:{repo_id}:CONFIG, or a local data file") from None
+    except Exception as e:  # noqa: BLE001 - datasets raises many types for unreadable repositories
+        raise ReasonRLError(f"dataset {spec}: datasets.load_dataset cannot read {repo_id} ({error_line(e, 200)}): pass a local data file") from None
+    splits = list(loaded)
+    chosen = split or ("train" if "train" in splits else splits[0] if len(splits) == 1 else None)
+    if chosen not in splits:
+        raise ReasonRLError(f"dataset {spec}: " + (f"no split '{split}'" if split else "no 'train' split") +
+                            f" (its splits: {', '.join(splits) or 'none'}): name one as hf:{repo_id}{':' + config if config else ''}@SPLIT")
+    ds = loaded[chosen]
+    out = folder / chosen / f"{name}.parquet"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            ds.to_parquet(str(tmp))
+            os.replace(tmp, out)  # (whole or not at all; two processes write the same rows)
+        finally:
+            tmp.unlink(missing_ok=True)
+    record_resolved(spec, {"kind": "dataset", "repo_id": repo_id, "commit": snap.name, "config": config or "default", "split": chosen,
+                           "fingerprint": getattr(ds, "_fingerprint", None), "rows": len(ds), "path": str(out)})
+    return out
 
 
 def _is_saved_dataset(p: Path) -> bool:

@@ -22,10 +22,13 @@ def dataset_files(dataset: str) -> list[Path]:
     """The files a ``--dataset`` value reads: a bundled set's, a prepare-data directory's
     validation split, or a data file (a directory of them)."""
     from reasonrl.data.readers import input_files
+    from reasonrl.models.hub import is_hub_data
 
     if dataset in EVAL_SETS:
         return EVAL_SETS[dataset].paths()
     p = Path(dataset)
+    if is_hub_data(dataset) and not p.exists():  # hf:ORG/NAME[:CONFIG][@SPLIT] (reasonrl.data.readers.hub_data_file)
+        return input_files(dataset)
     if is_prepared(dataset):
         return [p / "validation.parquet"]
     if not p.exists():

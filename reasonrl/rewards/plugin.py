@@ -9,6 +9,9 @@ is correct when its reward is > 0. A function without ``**info`` gets only the k
   :class:`~reasonrl.errors.ReasonRLError` for a missing file, module or function, or a function
   that does not take two positional arguments); what a stage config's ``__post_init__`` calls.
 - :func:`reward_record`: the spec and the plug-in file's sha256, for the manifest and resume.
+- :func:`callable_spec`: a Python function (the API's ``reward=fn``) as the spec its workers import
+  (``package.module:FUNCTION``, or ``FILE.py:FUNCTION`` for a script's or file-loaded module's
+  function), registered in this process so that it is not imported again here.
 - :func:`call_plugin`: one item, in a worker process of :class:`reasonrl.rewards.RewardScorer`:
   ("ok", reward) or ("error", "ExcType: message"); never raises (a ``sys.exit`` in the function
   scores an error too).
@@ -37,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 from reasonrl.errors import ReasonRLError
 
-__all__ = ["MATH", "call_plugin", "check_reward_spec", "load_plugin", "plugin_file", "reward_record", "split_spec"]
+__all__ = ["MATH", "call_plugin", "callable_spec", "check_reward_spec", "load_plugin", "plugin_file", "reward_record", "split_spec"]
 
 MATH = "math"
 #: What ``info`` holds for every response (docs/rewards.md).
@@ -147,6 +150,12 @@ def load_plugin(spec: str, echo: bool = False) -> Callable[..., Any]:
     fn = getattr(module, name, None)
     if fn is None:
         raise ReasonRLError(f"--reward {spec}: {where} has no function {name}")
+    _check_function(spec, where, name, fn)
+    _loaded[spec] = fn
+    return fn
+
+
+def _check_function(spec: str, where: str, name: str, fn: Any) -> None:
     if not callable(fn):
         raise ReasonRLError(f"--reward {spec}: {where}.{name} is {type(fn).__name__}, not a function")
     try:
@@ -159,8 +168,41 @@ def load_plugin(spec: str, echo: bool = False) -> Callable[..., Any]:
         except TypeError:
             raise ReasonRLError(f"--reward {spec}: {name}{sig} must take two positional arguments, "
                                 "FUNCTION(response, ground_truth, **info) (docs/rewards.md)") from None
+
+
+def callable_spec(fn: Any) -> str:
+    """The spec the scorer's worker processes import ``fn`` by (they are started with "spawn", so a
+    reward crosses to them by name, never pickled by value): ``package.module:FUNCTION`` for a
+    function at the top level of an importable module, ``FILE.py:FUNCTION`` for one at the top level
+    of a script (``__main__``, whose ``if __name__ == "__main__":`` guard spawn requires anyway) or
+    of a module loaded from a file. Checked as a plug-in is, and registered here: this process calls
+    ``fn`` itself. A lambda, a nested function, a bound method or a ``functools.partial`` cannot be
+    imported by name: one line naming the fix."""
+    import types
+
+    how = ("define it with `def` at the top level of a module or script (the scorer's worker processes import it by name), "
+           "or pass reward='FILE.py:FUNCTION'")
+    name = getattr(fn, "__name__", None)
+    if not isinstance(fn, types.FunctionType) or not name or getattr(fn, "__qualname__", None) != name:
+        raise ReasonRLError(f"reward {fn!r:.80} is not a function defined at the top level of a module: {how}")
+    module = sys.modules.get(fn.__module__)
+    if module is None or getattr(module, name, None) is not fn:
+        raise ReasonRLError(f"reward {fn.__module__}.{name} is not reachable as {name} in module {fn.__module__}: {how}")
+    spec = f"{fn.__module__}:{name}"
+    try:
+        found = importlib.util.find_spec(fn.__module__) if fn.__module__ != "__main__" else None
+    except (ImportError, ValueError):
+        found = None
+    file = getattr(module, "__file__", None)
+    if found is None or not found.origin or file is None or Path(found.origin).resolve() != Path(file).resolve():
+        if not file or not str(file).endswith(".py"):
+            raise ReasonRLError(f"reward {fn.__module__}.{name} comes from no importable module nor .py file "
+                                f"(an interactive session or a notebook): put it in a .py file and {how}")
+        spec = f"{Path(file).resolve()}:{name}"
+    where, _ = split_spec(spec)
+    _check_function(spec, where, name, fn)
     _loaded[spec] = fn
-    return fn
+    return spec
 
 
 def check_reward_spec(spec: str) -> None:

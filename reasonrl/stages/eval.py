@@ -31,8 +31,8 @@ OUTPUTS = ("samples.jsonl", "results.json", *TRACKER_OUTPUTS)
 @dataclass
 class EvalConfig(ModelOpts, DecodeOpts, TrackOpts):
     model: str = opt("default", "Policy: an HF model directory (a LoRA run's merged policy/ too), a finished train run, a peft LoRA adapter directory "
-                                "(e.g. a run's policy/adapter/: its base model is the one adapter_config.json names), or 'default' for the embedded SmolLM2-135M-Instruct.")
-    dataset: str = opt("aime", f"A bundled set ({', '.join(EVAL_SETS)}), a data file, or a prepare-data directory (its validation split).")
+                                "(e.g. a run's policy/adapter/: its base model is the one adapter_config.json names), a hub name ORG/NAME[@REVISION], or 'default' for the embedded SmolLM2-135M-Instruct.")
+    dataset: str = opt("aime", f"A bundled set ({', '.join(EVAL_SETS)}), a data file, a prepare-data directory (its validation split), or a hub dataset hf:ORG/NAME[:CONFIG][@SPLIT].")
     n: int = opt(32, "Samples per distinct problem (DAPO: 32); rows with the same prompt and ground truth are one problem.")
     top_p: float = opt(0.7, "Nucleus sampling mass (DAPO eval: 0.7; 1.0 = off).")
     max_response_len: int = opt(1024, "Generation cap in tokens.")

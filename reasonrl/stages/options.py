@@ -37,9 +37,9 @@ class RewardOpts:
 
 @dataclass
 class ModelOpts(EngineOptions, RewardOpts):
-    model: str = opt("default", "Policy: an HF model directory, a finished train run, or 'default' for the embedded SmolLM2-135M-Instruct.")
+    model: str = opt("default", "Policy: an HF model directory, a finished train run, a hub name ORG/NAME[@REVISION] (from huggingface_hub's cache, downloaded unless HF_HUB_OFFLINE=1; the commit goes into the manifest), or 'default' for the embedded SmolLM2-135M-Instruct.")
     seed: int = opt(0, "Random seed (data order, sampling, initialisation), in [0, 2**32 - 1].")
-    allow_pickle: bool = opt(False, "Load model directories whose weights are pickle files (.bin/.pt), which can run code when loaded; default: safetensors only.")
+    allow_pickle: bool = opt(False, "Load model directories (and fetch hub repositories) whose weights are pickle files (.bin/.pt), which can run code when loaded; default: safetensors only.")
 
     def _check_model(self) -> None:
         self._check_engine()
@@ -50,7 +50,7 @@ class ModelOpts(EngineOptions, RewardOpts):
         """The policy's HF directory (``model`` resolved), its weights checked (safetensors unless --allow-pickle)."""
         from reasonrl.models.loading import check_weights, resolve_policy
 
-        return check_weights(resolve_policy(self.model), self.allow_pickle)
+        return check_weights(resolve_policy(self.model, allow_pickle=self.allow_pickle), self.allow_pickle)
 
 
 @dataclass
@@ -103,7 +103,7 @@ class ValOpts:
     """Validation during training: the current policy on held-out problems (``reasonrl.train.validation``)."""
 
     val_every: int = opt(0, "Validate every N steps, at step 0 (before any update) and at the last step (0 = off): val/avg@n, pass@k, maj@n with bootstrap intervals in metrics.jsonl.")
-    val_data: str = opt("", "Validation problems: a prepare-data directory (its validation split), an eval set (aime24, math500, ...) or a data file; default: the training data's validation split.")
+    val_data: str = opt("", "Validation problems: a prepare-data directory (its validation split), an eval set (aime24, math500, ...), a data file or a hub dataset hf:ORG/NAME[:CONFIG][@SPLIT]; default: the training data's validation split.")
     val_n: int = opt(4, "Samples per validation problem.")
     val_max_problems: int | None = opt(None, "Validate on the first N distinct problems only.")
     val_temperature: float = opt(1.0, "Validation sampling temperature (DAPO's evaluation: 1.0).")
@@ -371,7 +371,11 @@ def training_rows(data: str) -> list[dict[str, Any]]:
     """The prepared data's training rows (``--data``); none is an error naming the fix."""
     from reasonrl.data import load_prepared
     from reasonrl.errors import ReasonRLError
+    from reasonrl.models.hub import is_hub_data
 
+    if is_hub_data(data) and not Path(data).exists():
+        raise ReasonRLError(f"--data {data} is a hub dataset, and training reads a prepare-data directory: run `reasonrl prepare-data {data} --out DIR` "
+                            "first (it makes the answers integers, templates and splits), then pass --data DIR")
     rows = load_prepared(data, "train")
     if not rows:
         raise ReasonRLError(f"{data} has no training rows: run `reasonrl prepare-data` on a larger dataset")

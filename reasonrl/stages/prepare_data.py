@@ -47,7 +47,7 @@ NON_INTEGER = "non_integer"
 class PrepareConfig(ProgressOpts):
     """Configuration of ``reasonrl prepare-data``."""
 
-    inputs: list[str] = opt([], help="Math data to read: .jsonl/.json/.parquet files (verl RL parquet included), saved `datasets` directories, or directories of such files.")
+    inputs: list[str] = opt([], help="Math data to read: .jsonl/.json/.parquet files (verl RL parquet included), saved `datasets` directories, directories of such files, or hub datasets hf:ORG/NAME[:CONFIG][@SPLIT] (through datasets.load_dataset; default split: train).")
     out: str = opt("runs/data", help="Output directory for train.parquet, validation.parquet, report.json and manifest.json.")
     integerize: bool = opt(True, help="Rewrite problems whose answer is not an integer (m/n -> m+n, a*sqrt(b) -> a+b, ...; DAPO section 3.5); false keeps only rows whose answer already is an integer.")
     keep_non_integer: bool = opt(False, help="Keep rows whose answer is not an integer (with --integerize: that no rule can rewrite) with their problem and answer as written, "
@@ -66,7 +66,7 @@ class PrepareConfig(ProgressOpts):
     data_source: str | None = opt(None, help="data_source column of every row; default: the input's own data_source, else the input file's name.")
     overwrite: bool = opt(False, help="Replace a finished output directory.")
     sample_per_rule: int = opt(3, help="Rewrites (before/after) shown in the report for each rule and refusals for each reason.")
-    rewriter: str | None = opt(None, help="A model ('default' or an HF directory) that rephrases each rewrite's sentence through the generation engine; the integer is always computed by the rules, and a phrasing that drops any number or formula of the original sentence is rejected.")
+    rewriter: str | None = opt(None, help="A model ('default', an HF directory or a hub name ORG/NAME[@REVISION]) that rephrases each rewrite's sentence through the generation engine; the integer is always computed by the rules, and a phrasing that drops any number or formula of the original sentence is rejected.")
     rewriter_engine: str = opt("hf", help="Generation engine for --rewriter: hf, vllm or auto.")
 
     def __post_init__(self) -> None:
@@ -236,7 +236,7 @@ def _rewriter_engine(cfg: PrepareConfig) -> tuple[Any, Any]:
     from reasonrl.engines.registry import make_engine
     from reasonrl.models.loading import load_tokenizer, resolve_model
 
-    md = resolve_model(cfg.rewriter)
+    md = resolve_model(cfg.rewriter, what="--rewriter")
     tok = load_tokenizer(md)
     return tok, make_engine(EngineOptions(engine=cfg.rewriter_engine), str(md), seed=cfg.seed, max_model_len=2048)
 

@@ -55,7 +55,7 @@ OUTPUTS = ("critic", "metrics.jsonl", "bias.json", "summary.json", *TRACKER_OUTP
 class PretrainValueConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/critic", "Output directory: critic/ (HF directory; with --lora-rank the merged critic, and its adapter in critic/adapter/), metrics.jsonl, bias.json, manifest.json.")
-    critic_init: str | None = opt(None, "Initialise the value model from this directory (e.g. a reward model); default: the policy's backbone.")
+    critic_init: str | None = opt(None, "Initialise the value model from this directory or hub name ORG/NAME[@REVISION] (e.g. a reward model); default: the policy's backbone.")
     steps: int = opt(20, "Value-training steps (each on freshly sampled responses). More is not always better: it overfits.")
     prompts_per_step: int = opt(16, "Prompts sampled per step over all processes (× group_size responses).")
     mini_batch_size: int = opt(64, "Responses per critic optimizer update over all processes.")
@@ -198,7 +198,7 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
         rows = training_rows(cfg.data)
         held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
         group_size, reward = cfg.group_size, cfg.reward_record()
-    init_dir = check_weights(cfg.critic_init, cfg.allow_pickle) if cfg.critic_init else policy_dir
+    init_dir = check_weights(cfg.critic_init, cfg.allow_pickle, what="--critic-init") if cfg.critic_init else policy_dir
     lora = cfg.lora_settings()
     if lora is not None:
         from reasonrl.models.lora import check_targets

@@ -47,7 +47,7 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in docs/algorithms.md).")
     algo_overrides: dict = section(A.AlgoSpec, "Fields of the --algo row to change for this run (--eps-high 0.3, [algo] table, --set algo.eps_high=0.3).",
                                    table="algo", name_field="algo")
-    critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo and vapo); ppo starts a fresh one from the policy when omitted.")
+    critic: str | None = opt(None, "Critic: a `pretrain-value` output directory (required by vcppo and vapo), or a value model's HF directory or hub name ORG/NAME[@REVISION]; ppo starts a fresh one from the policy when omitted.")
     steps: int = opt(20, "Training steps (each: rollout, rewards, filtering, advantages, updates).")
     prompts_per_step: int = opt(16, "Prompts per training step over all processes (after dynamic sampling); the batch holds prompts_per_step × group_size responses.")
     oversample: float = opt(1.0, "Dynamic sampling: each generation round samples ceil(oversample × still-needed) prompts.")
@@ -127,11 +127,13 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
             raise ReasonRLError(f"{e}: change the override (see `reasonrl train --help`)") from None
 
 
-def critic_dir(path: str | Path) -> Path:
-    """Accept a `pretrain-value` output directory (critic in critic/) or a critic HF directory."""
-    from reasonrl.models.loading import check_model_config
+def critic_dir(path: str | Path, allow_pickle: bool = False) -> Path:
+    """Accept a `pretrain-value` output directory (critic in critic/), a critic HF directory or a hub name of one."""
+    from reasonrl.models.hub import is_hub_name
+    from reasonrl.models.loading import check_model_config, resolve_model
 
-    p = Path(path)
+    p = (resolve_model(path, allow_pickle=allow_pickle, what="--critic", local_hint=f"run `reasonrl pretrain-value --out {path}` first")
+         if is_hub_name(path) else Path(path))
     if not p.exists():
         raise MissingArtifactError(f"critic {p} not found: run `reasonrl pretrain-value --out {p}` first")
     if (p / "critic" / "config.json").is_file():
@@ -308,7 +310,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     cdir: Path | None = None
     if spec.use_critic:
         if cfg.critic:
-            cdir = check_weights(critic_dir(cfg.critic), cfg.allow_pickle)
+            cdir = check_weights(critic_dir(cfg.critic, cfg.allow_pickle), cfg.allow_pickle)
         elif spec.pretrained_critic_required:
             raise MissingArtifactError(f"--algo {cfg.algo} needs a pretrained critic: run `reasonrl pretrain-value` first and pass --critic runs/critic")
     elif cfg.critic:

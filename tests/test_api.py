@@ -1,0 +1,170 @@
+"""The Python API (reasonrl/api.py, docs/api.md): the docs' examples run as scripts, the same
+errors and run-directory rules as the CLI, a reward given as a function, and a light import."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import reasonrl
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "api.md"
+ENGINE = dict(engine="hf", dtype="fp32", max_response_len=12, seed=0)
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
+
+
+def substituted(block: str, changes: dict[str, str]) -> str:
+    """``block`` with each line (or text) in ``changes`` replaced; each must be there (the docs cannot drift from the test)."""
+    for old, new in changes.items():
+        assert block.count(old) == 1, f"docs/api.md no longer has {old!r}"
+        block = block.replace(old, new)
+    return block
+
+
+def run_script(path: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+    r = subprocess.run([sys.executable, str(path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def short_reward(response: str, ground_truth: str, **info) -> float:
+    """A reward of this (importable) module: the scorer's workers import it as test_api:short_reward."""
+    return -0.01 * len(response)
+
+
+def test_import_is_light_and_train_is_the_function():
+    code = ("import sys, reasonrl; fs = (reasonrl.train, reasonrl.report, reasonrl.evaluate, reasonrl.Result); "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "import reasonrl.train.batch; from reasonrl.report import FIGURES; "
+            "assert reasonrl.train is fs[0] and reasonrl.report is fs[1], (reasonrl.train, reasonrl.report); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    assert {"prepare_data", "pretrain_value", "rollout", "train", "evaluate", "report", "ablate"} <= set(reasonrl.__all__)
+
+
+def test_the_subpackages_named_like_the_functions_are_imported_by_from():
+    """``reasonrl.train`` / ``reasonrl.report`` are the API's functions (reasonrl/__init__.py), so code
+    reaches the subpackages with ``from reasonrl.train... import``, never ``import reasonrl.train...``."""
+    bad = []
+    for f in [*(ROOT / "reasonrl").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                bad += [f"{f.relative_to(ROOT)}: import {a.name}" for a in node.names if re.match(r"reasonrl\.(train|report)(\.|$)", a.name)]
+    bad = [b for b in bad if not b.startswith("tests/test_api.py")]  # (the subprocess above checks that it works)
+    assert not bad, bad
+
+
+def test_the_docs_example_trains_dapo_on_the_chains_and_evaluates(tiny_model, tmp_path):
+    block = python_blocks()[0]
+    script = substituted(block, {
+        'MODEL = "default"': f"MODEL = {str(tiny_model)!r}",
+        "STEPS, PROMPTS, SAMPLES, MAX_LEN = 8, 4, 6, 160": "STEPS, PROMPTS, SAMPLES, MAX_LEN = 1, 2, 4, 12",
+        'ENGINE = dict(engine="auto", dtype="auto")': 'ENGINE = dict(engine="hf", dtype="fp32")',
+    })
+    (tmp_path / "data").mkdir()
+    shutil.copy(ROOT / "data" / "chains.jsonl", tmp_path / "data" / "chains.jsonl")
+    (tmp_path / "example.py").write_text(script)
+    r = run_script(tmp_path / "example.py", tmp_path)
+    assert "held-out avg@4" in r.stdout and "step 1: train accuracy" in r.stdout, r.stdout
+    runs = tmp_path / "runs" / "api"
+    train = json.loads((runs / "dapo" / "manifest.json").read_text())
+    assert train["stage"] == "train" and train["config"]["algo"] == "dapo" and train["config"]["steps"] == 1
+    results = json.loads((runs / "eval" / "results.json").read_text())
+    assert results["problems"] == 96 and results["n"] == 4 and (runs / "eval" / "manifest.json").is_file()
+
+
+def test_the_docs_reward_function_runs_in_the_scorer_workers(tiny_model, prepared, tmp_path):
+    """The docs' script: its function goes to the spawned workers as FILE.py:FUNCTION; the rewards
+    written are the function's (recomputed here), and the manifest names the file and its hash."""
+    block = python_blocks()[1]
+    script = substituted(block, {'model="default"': f'model={str(tiny_model)!r}, engine="hf", dtype="fp32", max_response_len=12'})
+    shutil.copytree(prepared, tmp_path / "runs" / "api" / "data")
+    (tmp_path / "reward_example.py").write_text(script)
+    r = run_script(tmp_path / "reward_example.py", tmp_path)
+    assert "reward mean" in r.stdout
+    out = tmp_path / "runs" / "api" / "rollout"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["reward"]["spec"] == f"{(tmp_path / 'reward_example.py').resolve()}:short_and_right"
+    assert manifest["reward"]["sha256"]
+    import pyarrow.parquet as pq
+
+    ns: dict = {}
+    exec(compile(script.split('if __name__ == "__main__":')[0], "reward_example", "exec"), ns)
+    rows = pq.read_table(out / "rollouts.parquet").to_pylist()
+    assert len(rows) == 32
+    for row in rows:
+        assert row["reward"] == pytest.approx(ns["short_and_right"](row["response"], row["ground_truth"]))
+
+
+def test_errors_and_run_directory_rules(tiny_model, prepared, tmp_path):
+    from reasonrl import ReasonRLError, RolloutConfig
+
+    out = tmp_path / "r"
+    with pytest.raises(ReasonRLError, match="group_size must be >= 1"):
+        reasonrl.rollout(model=tiny_model, data=prepared, out=out, group_size=0, **ENGINE)
+    with pytest.raises(ReasonRLError, match="unknown key 'group_sise'"):
+        reasonrl.rollout(model=tiny_model, data=prepared, out=out, group_sise=2, **ENGINE)
+    with pytest.raises(ReasonRLError, match="'num_prompts' must be an int, got 'two'"):
+        reasonrl.rollout(model=tiny_model, data=prepared, out=out, num_prompts="two", **ENGINE)
+    with pytest.raises(ReasonRLError, match="top level of a module"):
+        reasonrl.rollout(model=tiny_model, data=prepared, out=out, reward=lambda response, truth: 1.0, **ENGINE)
+    with pytest.raises(ReasonRLError, match="not found"):
+        reasonrl.rollout(model=tmp_path / "absent", data=prepared, out=out, **ENGINE)
+    assert not out.exists()
+
+    cfg = RolloutConfig(model=str(tiny_model), data=str(prepared), out=str(out), group_size=2, num_prompts=2, **ENGINE)
+    res = reasonrl.rollout(cfg, reward=short_reward)  # a config, and a field replaced by keyword
+    assert res.config.reward == "test_api:short_reward" and res.manifest["reward"]["spec"] == "test_api:short_reward"
+    assert res.out == out and res.paths["rollouts"] == out / "rollouts.parquet"
+    assert res.metrics["samples"] == 4 and res.summary["reward_errors"] == 0
+    import pyarrow.parquet as pq
+
+    assert [row["reward"] for row in pq.read_table(out / "rollouts.parquet").to_pylist()] == \
+        [pytest.approx(short_reward(row["response"], "")) for row in pq.read_table(out / "rollouts.parquet").to_pylist()]
+    with pytest.raises(ReasonRLError, match="already holds a finished `reasonrl rollout` run"):
+        reasonrl.rollout(cfg)
+    with pytest.raises(ReasonRLError, match="RolloutConfig has no field 'stepz'"):
+        reasonrl.rollout(cfg, stepz=3)
+    assert reasonrl.rollout(cfg, overwrite=True).metrics["samples"] == 4
+
+
+def test_a_recipe_then_keywords(tmp_path):
+    """``recipe=`` is read as ``--config`` is (its [rollout] table, a misspelled table refused) and
+    keywords override it: group_size 0 from the recipe fails the check, group_size=2 passes it and
+    the run stops at the missing data."""
+    from reasonrl import ReasonRLError
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[rollout]\ngroup_size = 0\n")
+    with pytest.raises(ReasonRLError, match="group_size must be >= 1"):
+        reasonrl.rollout(recipe=recipe, out=tmp_path / "o")
+    with pytest.raises(ReasonRLError, match="absent not found: run `reasonrl prepare-data` first"):
+        reasonrl.rollout(recipe=recipe, group_size=2, data=tmp_path / "absent", out=tmp_path / "o", **ENGINE)
+    recipe.write_text("[rollot]\ngroup_size = 2\n")
+    with pytest.raises(ReasonRLError, match=r"recipe table \[rollot\] names no stage"):
+        reasonrl.rollout(recipe=recipe, out=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_nested_function_is_refused_with_its_fix():
+    from reasonrl.rewards.plugin import callable_spec
+
+    def inner(response, ground_truth):
+        return 1.0
+
+    with pytest.raises(reasonrl.ReasonRLError, match="define it with `def` at the top level"):
+        callable_spec(inner)
+    assert callable_spec(short_reward) == "test_api:short_reward"
