@@ -44,6 +44,7 @@ from reasonrl.algos.offpolicy import (
     ROLLOUT_CORRECTIONS,
     correction_bounds,
     offpolicy_diagnostics,
+    proximal_logp,
     rollout_correction,
 )
 from reasonrl.algos.shaping import informative_groups, soft_overlong_punishment
@@ -98,6 +99,7 @@ __all__ = [
     "correction_bounds",
     "rollout_correction",
     "offpolicy_diagnostics",
+    "proximal_logp",
     # masked helpers
     "masked_sum",
     "masked_mean",

@@ -38,7 +38,7 @@ from torch import Tensor
 from reasonrl.algos.masked import LOG_RATIO_CLAMP, as_bool_mask, masked_mean, pick
 
 __all__ = ["Correction", "CorrectionFn", "ROLLOUT_CORRECTIONS", "CORRECTION_DEFAULTS", "CORRECTION_LEVELS", "CORRECTION_MODES",
-           "correction_bounds", "rollout_correction", "offpolicy_diagnostics", "token_tis", "sequence_tis", "token_mask", "sequence_mask", "geo_rs", "icepop"]
+           "correction_bounds", "proximal_logp", "rollout_correction", "offpolicy_diagnostics", "token_tis", "sequence_tis", "token_mask", "sequence_mask", "geo_rs", "icepop"]
 
 CORRECTION_MODES = ("decoupled", "bypass")
 """How π_old relates to the behaviour policy: decoupled (three policies, weights ρ = π_old / π_b) or
@@ -181,6 +181,15 @@ CORRECTION_DEFAULTS: dict[str, tuple[float, float]] = {
 CORRECTION_LEVELS: dict[str, str] = {"token-tis": "token", "sequence-tis": "sequence", "token-mask": "token", "sequence-mask": "sequence",
                                      "geo-rs": "sequence", "icepop": "token"}
 """name → "token" (one weight per token) or "sequence" (one per response)."""
+
+
+def proximal_logp(logp_old: Tensor, logp_behaviour: Tensor, *, mode: str) -> Tensor:
+    """The anchor of the PPO ratio π_θ / π_anchor (the ``logp_old`` every ``POLICY_LOSSES`` entry
+    takes): π_old in decoupled mode (the behaviour → π_old gap is then the correction's weight),
+    the behaviour policy's log-probs in bypass mode (π_old := π_b, no weight)."""
+    if mode not in CORRECTION_MODES:
+        raise ValueError(f"unknown correction mode '{mode}'; valid: {', '.join(CORRECTION_MODES)}")
+    return logp_behaviour.detach() if mode == "bypass" else logp_old
 
 
 def correction_bounds(name: str, cap: float | None = None, low: float | None = None) -> tuple[float, float]:

@@ -321,8 +321,7 @@ class Learner:
         else:
             old = st.old_logp[idx, :t].to(dev)
             isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
-        if s.correction_mode == "bypass":  # π_old := π_behaviour: the ratio and its clip are against the sampler's log-probs
-            old = st.sampler_logp[idx, :t].to(dev)
+        old = A.proximal_logp(old, st.sampler_logp[idx, :t].to(dev), mode=s.correction_mode)  # (bypass: the sampler's log-probs)
         del logits
         obj = policy_objective(logp, old, st.advantages[idx, :t].to(dev), mb.mask, loss=s.policy_loss, params=params, agg=s.loss_agg,
                                max_len=self.max_len, is_weights=isw,
