@@ -12,7 +12,10 @@ row (or ``get_algo(name).replace(...)``), never new control flow in the trainer.
 | drgrpo | grpo (no std)    | no     | -                   | ppo-clip    | 0.2 / 0.2    | seq-mean-token-sum-norm | no | no / no                 | 0  | 0        |
 | vapo   | gae              | yes*   | 1-1/(0.05 l) / 1.0  | ppo-clip    | 0.2 / 0.28   | token-mean              | no | no / no                 | 0  | 0.1      |
 
-(* value pretraining required first.) gamma = 1.0 everywhere; no row has an entropy bonus
+(* value pretraining required first.) No row corrects the sampler/trainer gap (``tis_cap`` and
+``rollout_correction`` None: the papers' recipes); every row corrects tokens sampled by an older
+policy (partial rollouts) with ``stale_correction`` token-tis, C = 2 (docs/algorithms.md, "Off-policy").
+gamma = 1.0 everywhere; no row has an entropy bonus
 (``entropy_coef`` 0, ``entropy_target`` None: ``--entropy-coef``, ``--entropy-target`` turn them on). ``clip-cov`` and ``kl-cov`` are
 policy losses any row can take (``--policy-loss clip-cov``); Clip-Cov's authors run it with clip
 ratios 1 / 1 (range [0, 2]: the covariance cut instead of PPO's clip) on GRPO advantages,
@@ -128,13 +131,14 @@ class AlgoSpec:
     whiten_advantages: bool = _f(False, "Whiten advantages over the batch's valid tokens after estimation (PPO).")
     tis_cap: float | None = _f(
         None, "Truncated importance sampling (Yao et al. 2025): weight each token's loss by min(pi_old / pi_sampler, C), "
-        "correcting the rollout engine's probabilities to the trainer's (None: off, as in the papers' rows; usual C = 2)."
+        "correcting the rollout engine's probabilities to the trainer's (None: off, as in the papers' rows; usual C = 2). "
+        "The same as rollout_correction 'token-tis' (or 'sequence-tis' with tis_level) with correction_cap C."
     )
     tis_level: str = _f("token", "TIS ratio per 'token', or per 'sequence' (the product of a response's token ratios, on all its tokens).")
     rollout_correction: str | None = _f(
         None, "Off-policy correction of every token, a key of ROLLOUT_CORRECTIONS (weights from rho = pi_old / pi_behaviour): 'token-tis', "
-        "'sequence-tis' (truncated at correction_cap), 'token-mask', 'sequence-mask' (MIS: ratio kept in [correction_low, correction_cap], "
-        "rejected outside), 'geo-rs' (geometric-mean rejection), 'icepop' (token band); None: none (tis_cap is token-tis / sequence-tis "
+        "'sequence-tis' (truncated at correction_cap), 'token-mask', 'sequence-mask' (MIS: the ratio kept between correction_low and "
+        "correction_cap, rejected outside), 'geo-rs' (geometric-mean rejection), 'icepop' (token band); None: none (tis_cap is token-tis / sequence-tis "
         "by its older name). See docs/algorithms.md#off-policy."
     )
     correction_cap: float | None = _f(None, "Upper threshold C of rollout_correction (or of stale_correction); None: the estimator's default "

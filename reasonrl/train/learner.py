@@ -138,9 +138,13 @@ class Learner:
         weights; the mismatch with the sampler's log-probs. Padding copies get no valid token.
         With one update per batch (:meth:`one_update`) the policy's part is left to ``update_policy``."""
         self.gen = torch.Generator().manual_seed(mix(self.seed, step, self.rank))  # this step's mini-batch order
+        # (tokens carrying versions: partial rollouts; decided over every rank, whose collectives must match)
+        lagged = any(smp.versions for g in groups for smp in g)
+        if self.world > 1:
+            lagged = bool(self._all_max(torch.tensor(float(lagged), dtype=torch.float64)))
         st = step_tensors(groups, pad_id=self.pad_id, overlong_filter=self.spec.overlong_filter, values=self.critic_backend is not None,
                           ref=self.ref_model is not None, old_from_update=self.one_update(sum(len(g) for g in groups)), step=step,
-                          mask_stale=self.spec.mask_stale_prefix)
+                          lagged=lagged, mask_stale=self.spec.mask_stale_prefix)
         self._passes(st, policy=self.policy is not None and not st.old_from_update)
         if not st.old_from_update:
             self._off_policy(st)

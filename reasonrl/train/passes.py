@@ -52,12 +52,13 @@ class StepTensors:
 
 
 def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bool, values: bool, ref: bool,
-                 old_from_update: bool, step: int = 0, mask_stale: bool = False) -> StepTensors:
+                 old_from_update: bool, step: int = 0, lagged: bool = False, mask_stale: bool = False) -> StepTensors:
     """The groups as one batch, their sampler log-probs, rewards and correctness; zeros for what the
     passes fill (old log-probs, entropy, and the ``values`` / ``ref`` log-probs when asked for).
     Padding copies get no valid token; truncated responses no loss token under ``overlong_filter``.
-    When the samples carry their tokens' policy versions (partial rollouts), ``staleness`` holds
-    ``step`` minus each token's version; ``mask_stale``: the tokens that lag get no loss."""
+    With ``lagged`` (the samples carry their tokens' policy versions: partial rollouts),
+    ``staleness`` holds ``step`` minus each token's version (0 for a sample without versions);
+    ``mask_stale``: the tokens that lag get no loss."""
     flat = [s for g in groups for s in g]
     loss_rows = [not (s.pad or (overlong_filter and s.truncated)) for s in flat]
     batch = build_batch([s.prompt_ids for s in flat], [s.response_ids for s in flat], pad_id=pad_id, loss_rows=loss_rows)
@@ -67,7 +68,7 @@ def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bo
     for i, smp in enumerate(flat):
         sampler_logp[i, : len(smp.logprobs)] = torch.tensor(smp.logprobs, dtype=torch.float32)
     staleness = None
-    if any(smp.versions for smp in flat):
+    if lagged:
         staleness = torch.zeros(B, T)
         for i, smp in enumerate(flat):
             staleness[i, : len(smp.versions)] = step - torch.tensor(smp.versions, dtype=torch.float32)
