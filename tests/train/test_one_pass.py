@@ -207,3 +207,63 @@ def test_micro_batches_hold_whole_groups_when_prompts_dominate(tiny_model) -> No
         assert whole == together
         if not together:
             assert lengths == sorted(lengths, reverse=True)
+
+
+def _stale_worker(rank: int, world: int, port: int, model_dir: str, out: dict) -> None:
+    """One rank of a two-rank step whose batch carries versions on rank 0 only (rank 1's responses
+    hold none, as empty responses would): the ranks must still run the same collectives."""
+    import torch.distributed as dist
+
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+    from reasonrl.train.backend import TorchBackend
+    from reasonrl.train.learner import Learner
+    from reasonrl.train.ranks import Ranks
+    from reasonrl.train.step_metrics import staleness_metrics
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tok = load_tokenizer(model_dir)
+    groups = _groups(len(tok), n_groups=2, seed=rank)
+    if rank == 0:
+        for smp in (x for g in groups for x in g):
+            smp.versions = [1] * (smp.length // 2) + [3] * (smp.length - smp.length // 2)
+    torch.manual_seed(0)
+    policy = load_causal_lm(model_dir)
+    pb = TorchBackend(policy, lr=1e-3, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, dtype="fp32")
+    ranks = Ranks(rank, world)
+    learner = Learner(spec=CASES["grpo"], policy=policy, policy_backend=pb, critic_backend=None, ref_model=None, sampling=Sampling(temperature=0.9),
+                      pad_id=tok.pad_token_id, max_len=12, micro_batch_size=3, mini_batch_size=8, ppo_epochs=1, dtype="fp32", seed=0, ranks=ranks)
+    st = learner.prepare(groups, step=3)
+    learner.advantages(st, group_size=4)
+    m = learner.update_policy(st)
+    m.update(st.metrics)
+    m.update(staleness_metrics(st, ranks))
+    out[rank] = {"metrics": {k: v for k, v in m.items() if k.startswith(("rollout/", "actor/correction"))},
+                 "stale_rows": int((st.staleness > 0).any(1).sum()), "lagged": st.staleness is not None}
+    dist.destroy_process_group()
+
+
+def test_two_ranks_agree_on_a_batch_with_stale_tokens_on_one_of_them(tiny_model) -> None:
+    """Whether a batch carries versions is decided over every rank: a rank whose responses carry
+    none still runs the staleness and correction collectives, and both report the same numbers."""
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    ctx = mp.spawn(_stale_worker, args=(2, port, str(tiny_model), out), nprocs=2, join=False)
+    deadline = time.monotonic() + 300
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks did not finish the step (collectives out of step)")
+    r0, r1 = out[0], out[1]
+    assert r0["lagged"] and r1["lagged"] and r0["stale_rows"] > 0 and r1["stale_rows"] == 0
+    assert r0["metrics"] == r1["metrics"]
+    assert r0["metrics"]["rollout/staleness_max"] == 2 and 0 < r0["metrics"]["rollout/stale_token_frac"] < 0.5
+    assert 0 < r0["metrics"]["actor/correction_scope_frac"] < 0.5
