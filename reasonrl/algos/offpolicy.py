@@ -148,7 +148,7 @@ def geo_rs(log_ratio: Tensor, mask: Tensor, *, cap: float, low: float) -> Correc
 
 
 def icepop(log_ratio: Tensor, mask: Tensor, *, cap: float, low: float) -> Correction:
-    """IcePop (Ling team, "Every Step Evolves", Ring-1T, arXiv 2510.18855): a token's gradient is
+    """IcePop (the Ling team's Ring-1T report, "Every Step Evolves", 2025): a token's gradient is
     kept, weighted by its ratio, only inside the band [α, β] = [low, C] (the paper: [0.5, 5]),
 
         w_t = ρ_t if α <= ρ_t <= β else 0
