@@ -37,6 +37,7 @@ class Sample:
     data_source: str = ""
     kept: bool = True  # False when dynamic sampling dropped (or trimmed) its group
     pad: bool = False  # a copy that only evens out the ranks' shares: no loss, no metric
+    versions: list[int] = field(default_factory=list)  # the policy version (training step) that sampled each response token (partial rollouts; empty: the collecting step's)
 
     @property
     def length(self) -> int:
@@ -158,15 +159,16 @@ def generate_rollouts(
 
 
 def new_sample(tokenizer: Any, row: dict[str, Any], *, group: int, prompt_index: int, prompt: str, prompt_ids: Sequence[int],
-               response_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str) -> Sample:
+               response_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str, versions: Sequence[int] = ()) -> Sample:
     """An unscored sample of ``row``: the response decoded, its ground truth and data source read
-    from the row; truncated when the engine stopped it at ``max_tokens`` ("length")."""
+    from the row; truncated when the engine stopped it at ``max_tokens`` ("length"); ``versions``:
+    the policy version of each token (partial rollouts)."""
     from reasonrl.data.prepared import ground_truth  # (reasonrl.data imports sympy: lazily)
 
     return Sample(group=group, prompt_index=prompt_index, prompt=prompt, prompt_ids=list(prompt_ids),
                   response=tokenizer.decode(list(response_ids), skip_special_tokens=True), response_ids=list(response_ids),
                   logprobs=list(logprobs), finish_reason=finish_reason, truncated=finish_reason == "length", ground_truth=ground_truth(row),
-                  data_source=str(row.get("data_source", "")))
+                  data_source=str(row.get("data_source", "")), versions=list(versions))
 
 
 def score_samples(scorer: Any, samples: Sequence[Sample], rows: Sequence[dict[str, Any]], stats: RolloutStats, *, display: Any = None) -> None:

@@ -3,7 +3,7 @@ python-float metrics out), plus the ``AlgoSpec`` table behind ``--algo``.
 
 Imports torch and the standard library only. Every formula is documented with its equation and
 tensor shapes; variants live in name -> function registries (``ADVANTAGE_ESTIMATORS``,
-``POLICY_LOSSES``, ``AGG_MODES``, ``KL_ESTIMATORS``), each with one keyword signature, and
+``POLICY_LOSSES``, ``AGG_MODES``, ``KL_ESTIMATORS``, ``ROLLOUT_CORRECTIONS``), each with one keyword signature, and
 algorithms in ``ALGOS`` (an ``AlgoSpec`` row names its entries).
 """
 
@@ -37,6 +37,16 @@ from reasonrl.algos.losses import (
 from reasonrl.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from reasonrl.algos.diagnostics import clip_by_prob_bucket, explained_variance, mean_by_position
 from reasonrl.algos.mismatch import TIS_LEVELS, mismatch_metrics, truncated_is_weights
+from reasonrl.algos.offpolicy import (
+    CORRECTION_DEFAULTS,
+    CORRECTION_LEVELS,
+    CORRECTION_MODES,
+    ROLLOUT_CORRECTIONS,
+    correction_bounds,
+    offpolicy_diagnostics,
+    proximal_logp,
+    rollout_correction,
+)
 from reasonrl.algos.shaping import informative_groups, soft_overlong_punishment
 from reasonrl.algos.spec import ALGOS, AlgoSpec, get_algo
 
@@ -81,6 +91,15 @@ __all__ = [
     "mismatch_metrics",
     "truncated_is_weights",
     "TIS_LEVELS",
+    # off-policy corrections (behaviour -> proximal -> current)
+    "ROLLOUT_CORRECTIONS",
+    "CORRECTION_DEFAULTS",
+    "CORRECTION_LEVELS",
+    "CORRECTION_MODES",
+    "correction_bounds",
+    "rollout_correction",
+    "offpolicy_diagnostics",
+    "proximal_logp",
     # masked helpers
     "masked_sum",
     "masked_mean",

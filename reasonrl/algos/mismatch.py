@@ -16,12 +16,11 @@ returned); ``mask`` (B, T) the tokens that count in the loss.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import Tensor
 
 from reasonrl.algos.masked import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
+from reasonrl.algos.offpolicy import ROLLOUT_CORRECTIONS
 
 __all__ = ["mismatch_metrics", "truncated_is_weights", "TIS_LEVELS"]
 
@@ -46,24 +45,16 @@ def mismatch_metrics(logp_old: Tensor, logp_sampler: Tensor, mask: Tensor) -> di
     return dict(zip(["logprob_diff_mean", "logprob_diff_max", "mismatch_kl"], vals))
 
 
-def _token_weights(d: Tensor, m: Tensor, cap: float) -> Tensor:
-    return torch.exp(d.clamp(max=LOG_RATIO_CLAMP)).clamp(max=cap)
-
-
-def _sequence_weights(d: Tensor, m: Tensor, cap: float) -> Tensor:
-    seq = torch.where(m, d, torch.zeros_like(d)).sum(-1, keepdim=True)  # log of the product of the ratios
-    return torch.exp(seq.clamp(max=LOG_RATIO_CLAMP)).clamp(max=cap).expand_as(d)
-
-
-TIS_LEVELS: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {"token": _token_weights, "sequence": _sequence_weights}
-"""name → weight rule: "token" (one ratio per token) or "sequence" (the product of a response's
-token ratios, the same weight on all its tokens)."""
+TIS_LEVELS: dict[str, str] = {"token": "token-tis", "sequence": "sequence-tis"}
+"""TIS level → its ``ROLLOUT_CORRECTIONS`` entry: "token" (one ratio per token) or "sequence" (the
+product of a response's token ratios, the same weight on all its tokens)."""
 
 
 @torch.no_grad()
 def truncated_is_weights(logp_old: Tensor, logp_sampler: Tensor, mask: Tensor, *, cap: float,
                          level: str = "token") -> tuple[Tensor, dict[str, float]]:
-    """Truncated importance-sampling weights (Yao et al. 2025), constant (no gradient).
+    """Truncated importance-sampling weights (Yao et al. 2025), constant (no gradient), in fp32:
+    the ``token-tis`` / ``sequence-tis`` entries of ``reasonrl.algos.offpolicy.ROLLOUT_CORRECTIONS``.
 
         token:     w_t = min(π_old(y_t) / π_sampler(y_t), C)
         sequence:  w_t = min(prod_{s in o} π_old(y_s) / π_sampler(y_s), C)   for every t of o
@@ -81,9 +72,6 @@ def truncated_is_weights(logp_old: Tensor, logp_sampler: Tensor, mask: Tensor, *
     if logp_old.shape != logp_sampler.shape or logp_old.dim() != 2:
         raise ValueError(f"logp_old and logp_sampler must both be (B, T); got {tuple(logp_old.shape)}, {tuple(logp_sampler.shape)}")
     m = as_bool_mask(mask, logp_old)
-    d = (logp_old.float() - logp_sampler.float()).masked_fill(~m, 0.0)
-    w = TIS_LEVELS[level](d, m, cap)
-    raw = torch.exp(torch.where(m, d, torch.zeros_like(d)).sum(-1, keepdim=True)).expand_as(d) if level == "sequence" else torch.exp(d)
-    w = torch.where(m, w, torch.ones_like(w))
-    stats = torch.stack([masked_mean(w, m), masked_mean((raw > cap).float(), m)]).tolist()
-    return w, dict(zip(["tis_weight_mean", "tis_truncated_frac"], stats))
+    c = ROLLOUT_CORRECTIONS[TIS_LEVELS[level]](logp_old.float() - logp_sampler.float(), m, cap=cap, low=0.0)
+    stats = torch.stack([masked_mean(c.weights, m), masked_mean(c.truncated.float(), m)]).tolist()
+    return c.weights, dict(zip(["tis_weight_mean", "tis_truncated_frac"], stats))

@@ -346,3 +346,93 @@ def tis_weights(logp_old: Matrix, logp_sampler: Matrix, mask: Matrix, cap: float
             prod = math.exp(sum(o - s for o, s, m in zip(ro, rs, rm) if m))
             out.append([min(prod, cap) if m else 1.0 for m in rm])
     return out
+
+
+_CORRECTION_DEFAULTS = {"token-tis": (2.0, 0.0), "sequence-tis": (2.0, 0.0), "token-mask": (3.0, 0.0), "sequence-mask": (3.0, 0.0),
+                        "geo-rs": (1.001, 0.999), "icepop": (5.0, 0.5)}
+
+
+def rollout_correction(logp_old: Matrix, logp_b: Matrix, mask: Matrix, name: str, cap: float | None = None, low: float | None = None,
+                       scope: Matrix | None = None) -> tuple[Matrix, Matrix, Matrix]:
+    """(weights, rejected 0/1, truncated 0/1) of estimator ``name`` for rho = pi_old / pi_b, one
+    response at a time; weights 1 off the mask and off the scope (a sequence estimator: off the
+    responses without a token in scope)."""
+    dc, dl = _CORRECTION_DEFAULTS[name]
+    cap = dc if cap is None else cap
+    low = dl if low is None else low
+    W, REJ, TR = [], [], []
+    for i, (ro, rb, rm) in enumerate(zip(logp_old, logp_b, mask)):
+        ds = [o - b for o, b, m in zip(ro, rb, rm) if m]
+        n = len(ds)
+        seq = sum(ds)
+        w_row, rej_row, tr_row = [], [], []
+        for t, (o, b, m) in enumerate(zip(ro, rb, rm)):
+            if not m:
+                w_row.append(1.0), rej_row.append(0), tr_row.append(0)
+                continue
+            d = o - b
+            rho = math.exp(min(d, 20.0))
+            rho_seq = math.exp(min(seq, 20.0))
+            if name == "token-tis":
+                w, rej, tr = min(rho, cap), 0, int(rho > cap)
+            elif name == "sequence-tis":
+                w, rej, tr = min(rho_seq, cap), 0, int(rho_seq > cap)
+            elif name in ("token-mask", "icepop"):
+                inside = low <= rho <= cap
+                w, rej, tr = (rho if inside else 0.0), int(not inside), 0
+            elif name == "sequence-mask":
+                inside = low <= rho_seq <= cap
+                w, rej, tr = (rho_seq if inside else 0.0), int(not inside), 0
+            elif name == "geo-rs":
+                g = math.exp(min(seq / n, 20.0))
+                inside = low <= g <= cap
+                w, rej, tr = (1.0 if inside else 0.0), int(not inside), 0
+            else:
+                raise ValueError(name)
+            if scope is not None:
+                in_scope = bool(scope[i][t]) if name in ("token-tis", "token-mask", "icepop") else any(
+                    s and m2 for s, m2 in zip(scope[i], rm))
+                if not in_scope:
+                    w, rej, tr = 1.0, 0, 0
+            w_row.append(w), rej_row.append(rej), tr_row.append(tr)
+        W.append(w_row), REJ.append(rej_row), TR.append(tr_row)
+    return W, REJ, TR
+
+
+def offpolicy_diagnostics(logp_old: Matrix, logp_b: Matrix, mask: Matrix) -> dict[str, float]:
+    """k1, k3 (per token and per response), chi2 (both), the max ratio and the token multiplicative
+    probability error, with exponents bounded at 20, over counted tokens / responses with one."""
+    toks = [o - b for ro, rb, rm in zip(logp_old, logp_b, mask) for o, b, m in zip(ro, rb, rm) if m]
+    seqs = [sum(o - b for o, b, m in zip(ro, rb, rm) if m) for ro, rb, rm in zip(logp_old, logp_b, mask) if any(rm)]
+    if not toks:
+        return dict.fromkeys(["k1", "k3", "k1_seq", "k3_seq", "chi2", "chi2_seq", "ratio_max", "mult_prob_error"], 0.0)
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    rho = [math.exp(min(d, 20.0)) for d in toks]
+    Rho = [math.exp(min(D, 20.0)) for D in seqs]
+    return {"k1": mean([-d for d in toks]), "k3": mean([r - 1 - min(d, 20.0) for r, d in zip(rho, toks)]),
+            "k1_seq": mean([-D for D in seqs]), "k3_seq": mean([R - 1 - min(D, 20.0) for R, D in zip(Rho, seqs)]),
+            "chi2": mean([r * r for r in rho]) - 1, "chi2_seq": mean([R * R for R in Rho]) - 1, "ratio_max": max(rho),
+            "mult_prob_error": mean([math.exp(min(abs(d), 20.0)) for d in toks])}
+
+
+def corrected_ppo(logp: Matrix, logp_old: Matrix, logp_b: Matrix, adv: Matrix, mask: Matrix, eps_low: float, eps_high: float, agg: str,
+                  mode: str, name: str | None, cap: float | None = None, low: float | None = None,
+                  scope: Matrix | None = None) -> tuple[float, Matrix]:
+    """The clipped surrogate under an off-policy correction, (loss, d loss / d logp). decoupled: r =
+    pi / pi_old, each token's loss times the estimator's weight from pi_old / pi_b; bypass: r = pi / pi_b,
+    no weight. r = exp(clamp(logp - anchor, -20, 20)) (no gradient where clamped)."""
+    anchor = logp_b if mode == "bypass" else logp_old
+    W = rollout_correction(logp_old, logp_b, mask, name, cap, low, scope)[0] if (mode == "decoupled" and name) else None
+
+    def token(i: int, t: int) -> tuple[float, float]:
+        x = logp[i][t] - anchor[i][t]
+        r = math.exp(max(-20.0, min(20.0, x)))
+        val, dr = _surrogate(r, adv[i][t], eps_low, eps_high)
+        dx = dr * r if -20.0 < x < 20.0 else 0.0
+        w = W[i][t] if W is not None else 1.0
+        return w * val, w * dx
+
+    return _aggregated(mask, agg, None, token)

@@ -12,7 +12,10 @@ row (or ``get_algo(name).replace(...)``), never new control flow in the trainer.
 | drgrpo | grpo (no std)    | no     | -                   | ppo-clip    | 0.2 / 0.2    | seq-mean-token-sum-norm | no | no / no                 | 0  | 0        |
 | vapo   | gae              | yes*   | 1-1/(0.05 l) / 1.0  | ppo-clip    | 0.2 / 0.28   | token-mean              | no | no / no                 | 0  | 0.1      |
 
-(* value pretraining required first.) gamma = 1.0 everywhere; no row has an entropy bonus
+(* value pretraining required first.) No row corrects the sampler/trainer gap (``tis_cap`` and
+``rollout_correction`` None: the papers' recipes); every row corrects tokens sampled by an older
+policy (partial rollouts) with ``stale_correction`` token-tis, C = 2 (docs/algorithms.md, "Off-policy").
+gamma = 1.0 everywhere; no row has an entropy bonus
 (``entropy_coef`` 0, ``entropy_target`` None: ``--entropy-coef``, ``--entropy-target`` turn them on). ``clip-cov`` and ``kl-cov`` are
 policy losses any row can take (``--policy-loss clip-cov``); Clip-Cov's authors run it with clip
 ratios 1 / 1 (range [0, 2]: the covariance cut instead of PPO's clip) on GRPO advantages,
@@ -37,6 +40,7 @@ from reasonrl.algos.kl import KL_ESTIMATORS
 from reasonrl.algos.losses import POLICY_LOSSES, LossParams
 from reasonrl.algos.masked import pick
 from reasonrl.algos.mismatch import TIS_LEVELS
+from reasonrl.algos.offpolicy import CORRECTION_MODES, ROLLOUT_CORRECTIONS, correction_bounds
 
 __all__ = ["AlgoSpec", "ALGOS", "get_algo"]
 
@@ -127,9 +131,35 @@ class AlgoSpec:
     whiten_advantages: bool = _f(False, "Whiten advantages over the batch's valid tokens after estimation (PPO).")
     tis_cap: float | None = _f(
         None, "Truncated importance sampling (Yao et al. 2025): weight each token's loss by min(pi_old / pi_sampler, C), "
-        "correcting the rollout engine's probabilities to the trainer's (None: off, as in the papers' rows; usual C = 2)."
+        "correcting the rollout engine's probabilities to the trainer's (None: off, as in the papers' rows; usual C = 2). "
+        "The same as rollout_correction 'token-tis' (or 'sequence-tis' with tis_level) with correction_cap C."
     )
     tis_level: str = _f("token", "TIS ratio per 'token', or per 'sequence' (the product of a response's token ratios, on all its tokens).")
+    rollout_correction: str | None = _f(
+        None, "Off-policy correction of every token, a key of ROLLOUT_CORRECTIONS (weights from rho = pi_old / pi_behaviour): 'token-tis', "
+        "'sequence-tis' (truncated at correction_cap), 'token-mask', 'sequence-mask' (MIS: the ratio kept between correction_low and "
+        "correction_cap, rejected outside), 'geo-rs' (geometric-mean rejection), 'icepop' (token band); None: none (tis_cap is token-tis / sequence-tis "
+        "by its older name). See docs/algorithms.md#off-policy."
+    )
+    correction_cap: float | None = _f(None, "Upper threshold C of rollout_correction (or of stale_correction); None: the estimator's default "
+                                            "(token/sequence-tis 2, token/sequence-mask 3 as TRL, geo-rs 1.001, icepop 5).")
+    correction_low: float | None = _f(None, "Lower threshold of the mask estimators (ratio below it: rejected); None: the estimator's default "
+                                            "(0 for the masks as TRL, geo-rs 0.999, icepop 0.5).")
+    correction_mode: str = _f(
+        "decoupled", "'decoupled': the PPO ratio is pi / pi_old and the behaviour -> pi_old gap is weighted by the correction (three policies); "
+        "'bypass': pi_old := the behaviour policy (the PPO ratio and its clip are against the sampler's log-probs; no weight)."
+    )
+    stale_correction: str | None = _f(
+        "token-tis", "The correction applied by default to tokens sampled by an older policy (partial rollouts) when neither rollout_correction "
+        "nor tis_cap is set: a key of ROLLOUT_CORRECTIONS, on the stale tokens only (a sequence-level one: on the responses holding them); "
+        "None turns it off (stale tokens then train uncorrected)."
+    )
+    max_staleness: int | None = _f(
+        None, "Partial rollouts: the most policy versions (steps) a trained token may lag the policy it trains; a response older than that "
+        "is regenerated from its prompt (counted: rollout/partial_stale_regenerated). 0: no stale token; None: no bound."
+    )
+    mask_stale_prefix: bool = _f(False, "Partial rollouts: tokens sampled by an older policy get no loss (slime's choice); only the part "
+                                        "of each response sampled by the step's policy trains.")
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -185,6 +215,23 @@ class AlgoSpec:
             bad(f"tis_cap must be > 0 or None, got {self.tis_cap}")
         if self.tis_level not in TIS_LEVELS:
             bad(f"tis_level must be one of {', '.join(TIS_LEVELS)}, got '{self.tis_level}'")
+        for k in ("rollout_correction", "stale_correction"):
+            if getattr(self, k) is not None and getattr(self, k) not in ROLLOUT_CORRECTIONS:
+                bad(f"{k} must be one of {', '.join(ROLLOUT_CORRECTIONS)} or None, got '{getattr(self, k)}'")
+        if self.rollout_correction is not None and self.tis_cap is not None:
+            bad("tis_cap and rollout_correction both set: choose one (tis_cap C is rollout_correction 'token-tis' with correction_cap C)")
+        if self.correction_mode not in CORRECTION_MODES:
+            bad(f"correction_mode must be one of {', '.join(CORRECTION_MODES)}, got '{self.correction_mode}'")
+        if self.correction_mode == "bypass" and (self.rollout_correction is not None or self.tis_cap is not None):
+            bad("correction_mode 'bypass' sets pi_old := the behaviour policy, so there is no ratio to weight: drop rollout_correction / "
+                "tis_cap, or use correction_mode 'decoupled'")
+        used = self.rollout_correction or self.stale_correction
+        if used is not None:
+            cap, low = correction_bounds(used, self.correction_cap, self.correction_low)
+            if not (cap > 0 and 0 <= low <= cap):
+                bad(f"{used} needs 0 <= correction_low <= correction_cap and correction_cap > 0, got low {low}, cap {cap}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            bad(f"max_staleness must be >= 0 (versions) or None, got {self.max_staleness}")
         if self.value_clip is not None and self.value_clip <= 0:
             bad(f"value_clip must be > 0 or None, got {self.value_clip}")
 

@@ -254,6 +254,8 @@ class Collector:
         stale = 0  # kept groups begun in an earlier step
         decode_steps = 0  # the engine's decode steps over the step's rounds (each round: its longest segment)
         deferred: list[int] = []  # groups finished beyond the batch (trained next step)
+        # --max-staleness K: what this step trains lags its policy by at most K versions (the responses older restart)
+        regenerated = pool.enforce(step, self.spec.max_staleness) if self.spec.max_staleness is not None else None
         for i, (born, g) in enumerate(pool.take_ready(n_prompts)):
             selected.append((g[0].group, i % world))
             stale += born < step
@@ -284,12 +286,12 @@ class Collector:
             out.stats.gen_tokens += sum(len(r[2]) for r in done)
             everyone_done = [r for part in self.ranks.gather(done) for r in part]
             decode_steps += max((len(r[2]) for r in everyone_done), default=0)
-            finished = pool.apply(everyone_done)
+            finished = pool.apply(everyone_done, version=step)
             out.rounds += 1
             # Score this rank's share of the finished groups; then agree, as without segments.
             ours = finished[rank::world]
             groups = [[new_sample(self.tok, self.stream.rows[g.row], group=g.draw, prompt_index=g.row, prompt=g.prompt, prompt_ids=g.prompt_ids,
-                                  response_ids=pc.ids, logprobs=pc.logprobs, finish_reason=pc.finish) for pc in g.pieces] for g in ours]
+                                  response_ids=pc.ids, logprobs=pc.logprobs, finish_reason=pc.finish, versions=pc.versions) for pc in g.pieces] for g in ours]
             flat = [s for g in groups for s in g]
             if flat:
                 score_samples(self.scorer, flat, [self.stream.rows[g.row] for g in ours for _ in g.pieces], out.stats)
@@ -323,6 +325,8 @@ class Collector:
                        "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_carried_groups": out.carried_groups,
                        "rollout/partial_deferred_groups": out.deferred_groups, "rollout/partial_decode_steps": decode_steps,
                        "rollout/partial_stale_frac": stale / len(selected) if selected else 0.0}
+        if regenerated is not None:
+            out.partial["rollout/partial_stale_regenerated"] = regenerated
         return out
 
     def _agree(self, groups: list[list[Sample]]) -> list[tuple[int, int, int, int, bool]]:

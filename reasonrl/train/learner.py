@@ -42,7 +42,7 @@ from reasonrl.algos.objective import policy_objective
 from reasonrl.rollouts import Sample
 from reasonrl.train.batch import Batch, padded_mode, pass_mode, response_logits, response_values
 from reasonrl.train.micro import RowLengths, arrange, by_rows, split_to, to_budget
-from reasonrl.train.passes import StepTensors, no_grad_passes, off_policy, step_tensors
+from reasonrl.train.passes import StepTensors, correction, no_grad_passes, off_policy, step_tensors
 from reasonrl.train.ranks import Ranks, mix
 
 
@@ -138,8 +138,13 @@ class Learner:
         weights; the mismatch with the sampler's log-probs. Padding copies get no valid token.
         With one update per batch (:meth:`one_update`) the policy's part is left to ``update_policy``."""
         self.gen = torch.Generator().manual_seed(mix(self.seed, step, self.rank))  # this step's mini-batch order
+        # (tokens carrying versions: partial rollouts; decided over every rank, whose collectives must match)
+        lagged = any(smp.versions for g in groups for smp in g)
+        if self.world > 1:
+            lagged = bool(self._all_max(torch.tensor(float(lagged), dtype=torch.float64)))
         st = step_tensors(groups, pad_id=self.pad_id, overlong_filter=self.spec.overlong_filter, values=self.critic_backend is not None,
-                          ref=self.ref_model is not None, old_from_update=self.one_update(sum(len(g) for g in groups)))
+                          ref=self.ref_model is not None, old_from_update=self.one_update(sum(len(g) for g in groups)), step=step,
+                          lagged=lagged, mask_stale=self.spec.mask_stale_prefix)
         self._passes(st, policy=self.policy is not None and not st.old_from_update)
         if not st.old_from_update:
             self._off_policy(st)
@@ -157,7 +162,7 @@ class Learner:
                            device=self.device, dtype=self.dtype, forward_mode=self.forward_mode, total=self._all_sum)
 
     def _off_policy(self, st: StepTensors) -> None:
-        off_policy(st, tis_cap=self.spec.tis_cap, tis_level=self.spec.tis_level, ranks=self.ranks)
+        off_policy(st, spec=self.spec, ranks=self.ranks)
 
     def advantages(self, st: StepTensors, *, group_size: int) -> None:
         """Fill st.advantages / st.returns with the algo's advantage estimator."""
@@ -320,6 +325,7 @@ class Learner:
         else:
             old = st.old_logp[idx, :t].to(dev)
             isw = st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
+        old = A.proximal_logp(old, st.sampler_logp[idx, :t].to(dev), mode=s.correction_mode)  # (bypass: the sampler's log-probs)
         del logits
         obj = policy_objective(logp, old, st.advantages[idx, :t].to(dev), mb.mask, loss=s.policy_loss, params=params, agg=s.loss_agg,
                                max_len=self.max_len, is_weights=isw,
@@ -340,17 +346,17 @@ class Learner:
                           ent: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path (module doc): the old log-probs are this forward's, detached, and the
         entropy comes from the same logits (``ent``, the entropy bonus's, when it was computed: the
-        same numbers); both recorded into ``st`` as the no-grad pass would; the TIS weights from them
-        (row-local constants). Returns (old log-probs, TIS weights or None)."""
+        same numbers); both recorded into ``st`` as the no-grad pass would; the off-policy
+        correction's weights from them (``passes.correction``: row-local constants). Returns (old
+        log-probs, the correction's weights or None)."""
         s = self.spec
         old = logp.detach()
         if ent is None:
             with torch.no_grad():
                 ent = A.entropy_from_logits(logits.detach(), sampling=self.sampling, token_ids=mb.response_ids)
         st.record_policy(idx, old, ent.detach(), mb.valid)
-        if s.tis_cap is None:
-            return old, None
-        return old, A.truncated_is_weights(old, st.sampler_logp[idx, : mb.T].to(self.device), mb.mask, cap=s.tis_cap, level=s.tis_level)[0]
+        stale = st.staleness[idx, : mb.T].to(self.device) if st.staleness is not None else None
+        return old, correction(s, old, st.sampler_logp[idx, : mb.T].to(self.device), mb.mask, stale)[0]
 
     def update_critic(self, st: StepTensors) -> dict[str, float]:
         """The critic's updates over the batch's mini-batches; its metrics, means over the updates."""

@@ -10,11 +10,20 @@ batch stays full. This is Kimi k1.5's partial rollout (§2.6.2; slime's ``--part
 
 What it changes: a response continued in a later step was sampled by more than one policy, its
 first tokens by an older one. Its sampling log-probabilities are kept per token as the engine
-reported them, so the rollout/trainer mismatch sees exactly that, and truncated importance
-sampling corrects it when it is on (``--tis-cap``; off by default). A response can span L_max / S
-steps or more (a step filled by finished groups runs no round), so its first tokens can be several
-policy versions old. ``rollout/partial_stale_frac`` says how much of each batch began in an earlier
-step.
+reported them, and so is each token's policy version (the step whose weights sampled it), so the
+off-policy corrections (``reasonrl.algos.offpolicy``) see, and correct, exactly that: by default
+the stale tokens are weighted by ``stale_correction`` (token TIS, C = 2), and ``mask_stale_prefix``
+takes them out of the loss instead. ``rollout/partial_stale_frac`` says how much of each batch
+began in an earlier step, ``rollout/staleness_mean`` / ``_max`` how far its tokens lag: a response
+can span L_max / S steps or more (a step filled by finished groups runs no round), so its first
+tokens can be several policy versions old.
+
+``max_staleness`` K bounds the lag: at the start of each step a response holding a token sampled
+more than K versions before it (in progress, or finished and waiting for a batch) is regenerated:
+its tokens are dropped and it starts again from its prompt in this step, its group's other
+responses kept (:meth:`PartialPool.enforce`, counted in ``rollout/partial_stale_regenerated``).
+Regenerating rather than dropping the group keeps the prompt: the responses that grow stale are
+the long ones, and dropping them would bias every batch towards short responses.
 
 The pool is the same on every rank (each round's new tokens are gathered), so one state describes
 it, and it is saved in the checkpoint beside the data position: a resumed run continues the same
@@ -33,12 +42,18 @@ IN_PROGRESS = ""
 
 @dataclass
 class Piece:
-    """One response so far: its tokens, their sampling log-probs, and how it ended ("stop": EOS or a
-    stop token; "length": L_max reached; "" while it goes on)."""
+    """One response so far: its tokens, their sampling log-probs, how it ended ("stop": EOS or a
+    stop token; "length": L_max reached; "" while it goes on), and each token's policy version
+    (the step that sampled it)."""
 
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str = IN_PROGRESS
+    versions: list[int] = field(default_factory=list)
+
+    def restart(self) -> None:
+        """Drop what was sampled: the response starts again from its prompt."""
+        self.ids, self.logprobs, self.finish, self.versions = [], [], IN_PROGRESS, []
 
 
 @dataclass
@@ -88,9 +103,10 @@ class PartialPool:
         g = self.open[draw]
         return g.prompt_ids + g.pieces[j].ids
 
-    def apply(self, results: list[tuple[int, int, list[int], list[float], str]]) -> list[OpenGroup]:
+    def apply(self, results: list[tuple[int, int, list[int], list[float], str]], version: int = 0) -> list[OpenGroup]:
         """Add one segment's output, ``(draw, j, token ids, log-probs, engine finish reason)`` per
-        response; returns the groups it finished (taken out of the pool), in draw order.
+        response, sampled by policy ``version``; returns the groups it finished (taken out of the
+        pool), in draw order.
 
         An engine "length" is the segment's end, not the response's: the response goes on unless it
         reached L_max, or the engine's context length (the segment came back shorter than S, or the
@@ -103,6 +119,7 @@ class PartialPool:
                 raise RuntimeError(f"the engine returned {len(ids)} tokens for a segment of {self.segment}")
             p.ids += list(ids)
             p.logprobs += list(logprobs)
+            p.versions += [version] * len(ids)
             full = len(p.ids) >= self.max_len or len(ids) < self.segment or (self.context_len is not None and len(g.prompt_ids) + len(p.ids) >= self.context_len)
             p.finish = "stop" if reason != "length" else ("length" if full else IN_PROGRESS)
         done = [d for d in sorted(self.open) if self.open[d].done]
@@ -118,6 +135,33 @@ class PartialPool:
         got, self.ready = self.ready[:k], self.ready[k:]
         return got
 
+    def enforce(self, step: int, max_staleness: int) -> int:
+        """Bound the lag of what step ``step`` may train to ``max_staleness`` versions: every response,
+        in progress or finished and waiting, holding a token sampled before ``step - max_staleness``
+        restarts from its prompt (a waiting group goes back in progress, its fresh responses kept).
+        Returns how many responses restart. The same on every rank (the pool is)."""
+        oldest = step - max_staleness
+        n = 0
+        for g in self.open.values():
+            for p in g.pieces:
+                if p.versions and p.versions[0] < oldest:  # (a response's first token is its oldest)
+                    p.restart()
+                    n += 1
+        keep: list[tuple[int, list[Sample]]] = []
+        for born, grp in self.ready:
+            if not any(smp.versions and smp.versions[0] < oldest for smp in grp):
+                keep.append((born, grp))
+                continue
+            pieces = [Piece(list(smp.response_ids), list(smp.logprobs), smp.finish_reason, list(smp.versions)) for smp in grp]
+            for p in pieces:
+                if p.versions and p.versions[0] < oldest:
+                    p.restart()
+                    n += 1
+            s0 = grp[0]
+            self.add(OpenGroup(draw=s0.group, row=s0.prompt_index, born=born, prompt=s0.prompt, prompt_ids=list(s0.prompt_ids), pieces=pieces))
+        self.ready = keep
+        return n
+
     @property
     def open_responses(self) -> int:
         return sum(not p.finish for g in self.open.values() for p in g.pieces)
@@ -125,12 +169,21 @@ class PartialPool:
     def state(self) -> dict[str, Any]:
         """JSON-able, for checkpoints (and to put the pool back when a step is abandoned)."""
         return {"open": [{"draw": g.draw, "row": g.row, "born": g.born, "prompt": g.prompt, "prompt_ids": list(g.prompt_ids),
-                          "pieces": [[list(p.ids), list(p.logprobs), p.finish] for p in g.pieces]} for g in self.open.values()],
+                          "pieces": [[list(p.ids), list(p.logprobs), p.finish, list(p.versions)] for p in g.pieces]} for g in self.open.values()],
                 "ready": [[born, [s.to_dict() for s in grp]] for born, grp in self.ready]}
 
     def load(self, st: dict[str, Any]) -> None:
+        """Restore :meth:`state`. A checkpoint written before tokens carried their versions gives
+        each token its group's ``born`` step (the oldest it can be: the staleness is not understated)."""
         self.open = {}
         for g in st.get("open", []):
-            self.add(OpenGroup(draw=int(g["draw"]), row=int(g["row"]), born=int(g["born"]), prompt=g["prompt"], prompt_ids=list(g["prompt_ids"]),
-                               pieces=[Piece(list(ids), list(lps), fin) for ids, lps, fin in g["pieces"]]))
-        self.ready = [(int(born), [Sample(**s) for s in grp]) for born, grp in st.get("ready", [])]
+            born = int(g["born"])
+            pieces = [Piece(list(p[0]), list(p[1]), p[2], [int(v) for v in p[3]] if len(p) > 3 else [born] * len(p[0])) for p in g["pieces"]]
+            self.add(OpenGroup(draw=int(g["draw"]), row=int(g["row"]), born=born, prompt=g["prompt"], prompt_ids=list(g["prompt_ids"]), pieces=pieces))
+        self.ready = []
+        for born, grp in st.get("ready", []):
+            samples = [Sample(**s) for s in grp]
+            for smp in samples:
+                if not smp.versions:
+                    smp.versions = [int(born)] * smp.length
+            self.ready.append((int(born), samples))

@@ -4,7 +4,7 @@
 tensors for what the passes compute; :func:`no_grad_passes` runs the policy (old log-probs and
 entropy), the reference (its log-probs) and the critic (values) over it, micro-batch by micro-batch
 in group order, under the current weights; :func:`off_policy` measures the rollout/trainer gap
-and makes the TIS weights from the old log-probs. ``Learner.prepare`` calls them in that order; with
+and makes the off-policy correction's weights from the old log-probs (:func:`correction`). ``Learner.prepare`` calls them in that order; with
 one update per batch the policy's part is the update's own forward (``reasonrl.train.learner``),
 which fills the same tensors through :meth:`StepTensors.record_policy`.
 """
@@ -35,11 +35,12 @@ class StepTensors:
     sampler_logp: torch.Tensor  # (B, T) the engine's log-probs of the sampled tokens
     values: torch.Tensor | None = None  # (B, T)
     ref_logp: torch.Tensor | None = None  # (B, T)
-    is_weights: torch.Tensor | None = None  # (B, T) truncated importance-sampling weights (tis_cap)
+    is_weights: torch.Tensor | None = None  # (B, T) the off-policy correction's weights (tis_cap, rollout_correction, stale_correction)
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
-    metrics: dict[str, float] = field(default_factory=dict)  # rollout/trainer mismatch, TIS
+    metrics: dict[str, float] = field(default_factory=dict)  # rollout/trainer mismatch, off-policy diagnostics, correction
     group: torch.Tensor | None = None  # (B,) each row's group (rows of a group share the prompt)
+    staleness: torch.Tensor | None = None  # (B, T) how many policy versions each token lags the step's (partial rollouts; None: none lags)
     old_from_update: bool = False  # old_logp / entropy / metrics are filled by update_policy's forward
 
     def record_policy(self, idx: list[int], logp: torch.Tensor, entropy: torch.Tensor, valid: torch.Tensor) -> None:
@@ -51,10 +52,13 @@ class StepTensors:
 
 
 def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bool, values: bool, ref: bool,
-                 old_from_update: bool) -> StepTensors:
+                 old_from_update: bool, step: int = 0, lagged: bool = False, mask_stale: bool = False) -> StepTensors:
     """The groups as one batch, their sampler log-probs, rewards and correctness; zeros for what the
     passes fill (old log-probs, entropy, and the ``values`` / ``ref`` log-probs when asked for).
-    Padding copies get no valid token; truncated responses no loss token under ``overlong_filter``."""
+    Padding copies get no valid token; truncated responses no loss token under ``overlong_filter``.
+    With ``lagged`` (the samples carry their tokens' policy versions: partial rollouts),
+    ``staleness`` holds ``step`` minus each token's version (0 for a sample without versions);
+    ``mask_stale``: the tokens that lag get no loss."""
     flat = [s for g in groups for s in g]
     loss_rows = [not (s.pad or (overlong_filter and s.truncated)) for s in flat]
     batch = build_batch([s.prompt_ids for s in flat], [s.response_ids for s in flat], pad_id=pad_id, loss_rows=loss_rows)
@@ -63,11 +67,19 @@ def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bo
     sampler_logp = torch.zeros(B, T)
     for i, smp in enumerate(flat):
         sampler_logp[i, : len(smp.logprobs)] = torch.tensor(smp.logprobs, dtype=torch.float32)
+    staleness = None
+    if lagged:
+        staleness = torch.zeros(B, T)
+        for i, smp in enumerate(flat):
+            staleness[i, : len(smp.versions)] = step - torch.tensor(smp.versions, dtype=torch.float32)
+        staleness *= batch.valid
+        if mask_stale:
+            batch.mask[staleness > 0] = 0.0
     rewards = torch.tensor([s.shaped_reward for s in flat], dtype=torch.float32)
     correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
     return StepTensors(batch, torch.zeros(B, T), torch.zeros(B, T), rewards, correct, sampler_logp,
                        values=torch.zeros(B, T) if values else None, ref_logp=torch.zeros(B, T) if ref else None,
-                       group=torch.tensor([s.group for s in flat], dtype=torch.long), old_from_update=old_from_update)
+                       group=torch.tensor([s.group for s in flat], dtype=torch.long), old_from_update=old_from_update, staleness=staleness)
 
 
 @torch.no_grad()
@@ -115,10 +127,50 @@ def mismatch(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Ten
     return {"rollout/logprob_diff_mean": sums[0] / total, "rollout/logprob_diff_max": top, "rollout/mismatch_kl": sums[1] / total}
 
 
-def off_policy(st: StepTensors, *, tis_cap: float | None, tis_level: str, ranks: Ranks) -> None:
-    """Once every row's old log-probs are in: the rollout/trainer gap over the loss tokens, always;
-    the TIS weights (and their metrics) when ``tis_cap`` is set."""
+def correction(spec: A.AlgoSpec, old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+               staleness: torch.Tensor | None) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """The off-policy correction's weights for these rows (None: no weight) and its local metrics.
+
+    Which applies: none in bypass mode (π_old := π_behaviour); ``tis_cap`` (today's token / sequence
+    TIS, its ``actor/tis_…`` metrics); ``rollout_correction`` on every token; else, when the rows
+    carry versions (partial rollouts, ``staleness``), ``stale_correction`` on the tokens sampled by an
+    older policy (weights 1 elsewhere; 1 everywhere when none lags). Row-local: a micro-batch's
+    weights are the batch's rows'."""
+    if spec.correction_mode == "bypass":
+        return None, {}
+    if spec.tis_cap is not None:
+        return A.truncated_is_weights(old_logp, sampler_logp, mask, cap=spec.tis_cap, level=spec.tis_level)
+    name, scope = spec.rollout_correction, None
+    if name is None:
+        if staleness is None or spec.stale_correction is None:
+            return None, {}
+        name, scope = spec.stale_correction, staleness > 0
+    w, m = A.rollout_correction(old_logp, sampler_logp, mask, name=name, cap=spec.correction_cap, low=spec.correction_low, scope=scope)
+    return w.to(old_logp.dtype), m
+
+
+def off_policy(st: StepTensors, *, spec: A.AlgoSpec, ranks: Ranks) -> None:
+    """Once every row's old log-probs are in: the rollout/trainer gap over the loss tokens and the
+    off-policy diagnostics (``A.offpolicy_diagnostics``, over every rank's tokens), always; the
+    correction's weights and metrics (:func:`correction`) when one applies."""
     st.metrics = mismatch(st.old_logp, st.sampler_logp, st.batch.mask, ranks)
-    if tis_cap is not None:
-        st.is_weights, tis = A.truncated_is_weights(st.old_logp, st.sampler_logp, st.batch.mask, cap=tis_cap, level=tis_level)
-        st.metrics.update({f"actor/{k}": v for k, v in tis.items()})
+    d = A.offpolicy_diagnostics(st.old_logp, st.sampler_logp, st.batch.mask)
+    tok, seq = ["k1", "k1_seq", "k3_seq", "chi2", "chi2_seq", "mult_prob_error"], ["k1_seq", "k3_seq", "chi2_seq"]
+    sums = ranks.sum(torch.tensor([d[k] * d["sequences" if k in seq else "tokens"] for k in tok] + [d["tokens"], d["sequences"]],
+                                  dtype=torch.float64)).tolist()
+    n_tok, n_seq = sums[-2] or 1.0, sums[-1] or 1.0
+    names = {"k1": "mismatch_k1", "k1_seq": "mismatch_k1_seq", "k3_seq": "mismatch_k3_seq", "chi2": "mismatch_chi2",
+             "chi2_seq": "mismatch_chi2_seq", "mult_prob_error": "token_mult_prob_error"}
+    for k, v in zip(tok, sums):
+        st.metrics[f"rollout/{names[k]}"] = v / (n_seq if k in seq else n_tok)
+    st.metrics["rollout/mismatch_ratio_max"] = float(ranks.max(torch.tensor(d["ratio_max"], dtype=torch.float64)))
+    st.is_weights, cm = correction(spec, st.old_logp, st.sampler_logp, st.batch.mask, st.staleness)
+    if "tis_weight_mean" in cm:  # (tis_cap: today's metrics, this rank's)
+        st.metrics.update({f"actor/{k}": v for k, v in cm.items()})
+    elif cm:  # over every rank's tokens in the correction's scope
+        keys = ["weight_mean", "masked_frac", "truncated_frac"]
+        n_in = cm["scope_frac"] * float(st.batch.mask.bool().sum())
+        tot = ranks.sum(torch.tensor([cm[k] * n_in for k in keys] + [n_in, float(st.batch.mask.bool().sum())], dtype=torch.float64)).tolist()
+        st.metrics.update({f"actor/correction_{k}": v / (tot[-2] or 1.0) for k, v in zip(keys, tot)})
+        st.metrics["actor/correction_weight_mean"] = tot[0] / tot[-2] if tot[-2] else 1.0
+        st.metrics["actor/correction_scope_frac"] = tot[-2] / (tot[-1] or 1.0)

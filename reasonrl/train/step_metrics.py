@@ -78,7 +78,18 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
     m.update(col.partial)  # (--partial-rollout-len: the pool is the same on every rank)
     if st is not None:
         m["actor/entropy"] = ent_sum / ent_n if ent_n else 0.0
+    if st is not None and st.staleness is not None:  # (partial rollouts: the same on every rank)
+        m.update(staleness_metrics(st, ranks))
     return m
+
+
+def staleness_metrics(st: StepTensors, ranks: Ranks) -> dict[str, Any]:
+    """How many policy versions the batch's response tokens lag the policy they train, over every
+    rank's: mean and max, and the share of tokens sampled by an older policy."""
+    v, lag = st.batch.valid.bool(), st.staleness
+    n, total, stale = ranks.sum(torch.tensor([float(v.sum()), float(lag[v].sum()), float((lag[v] > 0).sum())], dtype=torch.float64)).tolist()
+    top = float(ranks.max(torch.tensor(float(lag[v].max()) if bool(v.any()) else 0.0, dtype=torch.float64)))
+    return {"rollout/staleness_mean": total / n if n else 0.0, "rollout/staleness_max": int(top), "rollout/stale_token_frac": stale / n if n else 0.0}
 
 
 def position_metrics(st: StepTensors, n_bins: int = 16) -> dict[str, Any]:

@@ -31,6 +31,14 @@ def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepar
     # Every response needs several segments of 2 tokens ("Answer: d" and EOS), so each step leaves
     # responses going, and the pool goes into the checkpoint.
     assert all(m["rollout/partial_open_responses"] > 0 for m in lines)
+    # With no other option, the tokens sampled by an older policy are corrected (token TIS, C = 2),
+    # and only they: the correction's scope is the stale tokens' share of the loss tokens.
+    stale = [m for m in lines if m["rollout/stale_token_frac"] > 0]
+    assert stale and max(m["rollout/staleness_max"] for m in lines) >= 1
+    assert all(m["actor/correction_scope_frac"] > 0 and 0 < m["actor/correction_weight_mean"] <= 2.0 for m in stale)
+    assert all(m["rollout/staleness_mean"] <= m["rollout/staleness_max"] for m in lines)
+    assert all(k in lines[0] for k in ("rollout/mismatch_k1", "rollout/mismatch_k1_seq", "rollout/mismatch_k3_seq", "rollout/mismatch_chi2",
+                                        "rollout/mismatch_chi2_seq", "rollout/mismatch_ratio_max", "rollout/token_mult_prob_error"))
     st = json.loads((full / "checkpoints" / "step_2" / "trainer_state.json").read_text())
     assert len(st["data"]["partial"]["open"]) == lines[1]["rollout/partial_open_groups"] > 0
     assert json.loads((full / "config.json").read_text())["partial_rollout_len"] == 2
@@ -47,6 +55,21 @@ def test_partial_rollouts_carry_responses_across_steps_and_resume_exactly(prepar
     r = run_cli(*args, "--out", out, "--resume")
     assert r.exit_code == 0, r.output
     assert_same_run(full, out)
+
+
+def test_max_staleness_bounds_the_lag_of_every_trained_token(prepared, format_model, tmp_path):
+    """--max-staleness 0 (the same run as above, whose batches hold tokens one version old): no
+    trained token lags its policy; the older responses are regenerated, and counted. (K = 1 against
+    lags of 2 and more: tests/train/test_partial.py.)"""
+    out = tmp_path / "bounded"
+    r = run_cli("train", "--model", format_model, "--data", prepared, "--steps", "4", "--partial-rollout-len", "2", "--max-staleness", "0",
+                "--out", out, *SMALL)
+    assert r.exit_code == 0, r.output
+    lines = _lines(out)
+    assert all(m["rollout/staleness_max"] == 0 and m["rollout/stale_token_frac"] == 0 for m in lines)
+    assert sum(m["rollout/partial_stale_regenerated"] for m in lines) > 0
+    assert all(m.get("actor/correction_scope_frac", 0.0) == 0.0 for m in lines)
+    assert json.loads((out / "config.json").read_text())["resolved_algo"]["max_staleness"] == 0
 
 
 def test_a_segment_that_does_not_divide_l_max_is_refused(prepared, format_model, tmp_path):

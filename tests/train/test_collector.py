@@ -131,6 +131,6 @@ def test_two_ranks_share_one_partial_rollout_pool(format_model) -> None:
     trained = [d for r in (r0, r1) for share in r["shares"] for d, pad in share if not pad]
     assert len(trained) == len(set(trained)) == 12 and all(len(a) == len(b) == 2 for a, b in zip(r0["shares"], r1["shares"]))
     pool = r0["state"]["partial"]
-    going = sum(len(ids) for g in pool["open"] for ids, _, _ in g["pieces"])
+    going = sum(len(p[0]) for g in pool["open"] for p in g["pieces"])  # (a piece: ids, log-probs, finish, versions)
     finished = sum(m["rollout/response_length_mean"] * m["rollout/ds_generated_groups"] * 4 for m in r0["metrics"] if "rollout/response_length_mean" in m)
     assert r0["tokens"] + r1["tokens"] == pytest.approx(finished + going)  # every token decoded on either rank is in a response

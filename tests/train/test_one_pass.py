@@ -44,14 +44,19 @@ class _Count:
         self.n += 1
 
 
-def _run(model_dir, spec, *, fuse: bool, micro: int = 3, epochs: int = 1, mini: int | None = None, ref: bool = False, critic: bool = False):
-    """prepare → advantages → (critic) → policy update on fixed rollouts; what the two paths must agree on."""
+def _run(model_dir, spec, *, fuse: bool, micro: int = 3, epochs: int = 1, mini: int | None = None, ref: bool = False, critic: bool = False,
+         stale: bool = False):
+    """prepare → advantages → (critic) → policy update on fixed rollouts; what the two paths must agree on.
+    ``stale``: the first half of each response was sampled by the policy two versions back (partial rollouts)."""
     from reasonrl.models.loading import load_causal_lm, load_tokenizer
     from reasonrl.train.backend import TorchBackend
     from reasonrl.train.learner import Learner
 
     tok = load_tokenizer(model_dir)
     groups = _groups(len(tok))
+    if stale:
+        for smp in (x for g in groups for x in g):
+            smp.versions = [1] * (smp.length // 2) + [3] * (smp.length - smp.length // 2)
     n = sum(len(g) for g in groups)
     torch.manual_seed(0)
     policy = load_causal_lm(model_dir)
@@ -65,7 +70,7 @@ def _run(model_dir, spec, *, fuse: bool, micro: int = 3, epochs: int = 1, mini: 
     learner = Learner(spec=spec, policy=policy, policy_backend=pb, critic_backend=cb, ref_model=load_causal_lm(model_dir).eval() if ref else None,
                       sampling=Sampling(temperature=0.9), pad_id=tok.pad_token_id, max_len=12, micro_batch_size=micro, mini_batch_size=mini or n,
                       ppo_epochs=epochs, dtype="fp32", seed=0, fuse_old_logp=fuse)
-    st = learner.prepare(groups)
+    st = learner.prepare(groups, step=3)
     prepare_calls = calls.n
     learner.advantages(st, group_size=4)
     m = learner.update_critic(st) if critic else {}
@@ -79,6 +84,9 @@ CASES = {
     "grpo": get_algo("grpo").replace(dynamic_sampling=False),
     "dapo+tis-token": get_algo("dapo").replace(dynamic_sampling=False, tis_cap=2.0, tis_level="token"),
     "dapo+tis-sequence": get_algo("dapo").replace(dynamic_sampling=False, tis_cap=2.0, tis_level="sequence", overlong_filter=True),
+    "dapo+sequence-mask": get_algo("dapo").replace(dynamic_sampling=False, rollout_correction="sequence-mask", correction_cap=1e6),
+    "dapo+icepop": get_algo("dapo").replace(dynamic_sampling=False, rollout_correction="icepop", correction_low=1e-3),  # (here: ratios ~1e-3-0.03)
+    "grpo+bypass": get_algo("grpo").replace(dynamic_sampling=False, correction_mode="bypass"),
 }
 
 
@@ -101,9 +109,58 @@ def test_one_update_takes_the_old_logprobs_from_its_own_forward(tiny_model, case
         assert float(st0.is_weights[st0.batch.mask.bool()].min()) < 1.9  # weights vary: TIS changes the gradient
         for k in ("actor/tis_weight_mean", "actor/tis_truncated_frac"):
             assert m1[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), k
+    elif spec.rollout_correction is not None:
+        torch.testing.assert_close(st1.is_weights, st0.is_weights, rtol=1e-4, atol=1e-5)
+        w = st0.is_weights[st0.batch.mask.bool()]
+        assert float(w.max()) > float(w.min()) and bool((w != 1.0).any())  # weights vary: the correction changes the gradient
+        for k in ("actor/correction_weight_mean", "actor/correction_masked_frac", "actor/correction_truncated_frac"):
+            assert m1[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), k
+    else:  # no correction (and in bypass mode none is a weight): a batch without stale tokens trains as it always did
+        assert st0.is_weights is None and st1.is_weights is None and st0.staleness is None
+        assert "actor/correction_weight_mean" not in m0
+    for k in ("rollout/mismatch_k1", "rollout/mismatch_k3_seq", "rollout/mismatch_chi2", "rollout/mismatch_ratio_max", "rollout/token_mult_prob_error"):
+        assert m1[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), k
     assert g0.keys() == g1.keys() and g0
     for k in g0:
         torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-6)
+
+
+def test_bypass_anchors_the_ratio_at_the_sampler(tiny_model) -> None:
+    """correction_mode bypass: π_old := π_behaviour. The sampler's log-probs here are far from the
+    trainer's, so the first update's ratio is far from 1 and the clip fires; decoupled, it is 1."""
+    _, m_dec, g_dec, _, _ = _run(tiny_model, CASES["grpo"], fuse=True)
+    _, m_by, g_by, _, _ = _run(tiny_model, CASES["grpo+bypass"], fuse=True)
+    assert m_dec["actor/clipfrac"] == 0.0 and m_dec["actor/ratio_max"] == pytest.approx(1.0)
+    assert m_by["actor/clipfrac"] > 0.1 and m_by["actor/ratio_max"] < 0.1  # (pi / pi_sampler: the trainer's tokens are less likely here)
+    assert any(not torch.allclose(g_dec[k], g_by[k]) for k in g_dec)
+
+
+def test_stale_tokens_are_corrected_by_default_and_only_they(tiny_model) -> None:
+    """Tokens sampled by an older policy (partial rollouts) get the default correction, token TIS
+    with C = 2, with no option given; the fresh tokens of the same responses keep weight 1; the
+    fused and separate paths agree; stale_correction None trains them uncorrected, and
+    mask_stale_prefix takes them out of the loss."""
+    spec = CASES["grpo"]
+    st0, m0, g0, _, _ = _run(tiny_model, spec, fuse=False, stale=True)
+    st1, m1, g1, _, _ = _run(tiny_model, spec, fuse=True, stale=True)
+    lag = st0.staleness
+    stale, fresh = (lag > 0) & st0.batch.mask.bool(), (lag == 0) & st0.batch.mask.bool()
+    assert bool(stale.any()) and bool(fresh.any()) and float(lag.max()) == 2.0
+    want = torch.exp(st0.old_logp - st0.sampler_logp).clamp(max=2.0)
+    torch.testing.assert_close(st0.is_weights[stale], want[stale], rtol=1e-5, atol=1e-6)
+    assert (st0.is_weights[fresh] == 1.0).all() and float(st0.is_weights[stale].min()) < 1.9
+    torch.testing.assert_close(st1.is_weights, st0.is_weights, rtol=1e-4, atol=1e-5)
+    assert m0["actor/correction_scope_frac"] == pytest.approx(float(stale.sum()) / float(st0.batch.mask.sum()))
+    assert m1["actor/correction_weight_mean"] == pytest.approx(m0["actor/correction_weight_mean"], rel=1e-4)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-6)
+    st2, m2, g2, _, _ = _run(tiny_model, spec.replace(stale_correction=None), fuse=True, stale=True)
+    assert st2.is_weights is None and "actor/correction_weight_mean" not in m2
+    assert any(not torch.allclose(g2[k], g1[k]) for k in g1)
+    st3, _, _, _, _ = _run(tiny_model, spec.replace(mask_stale_prefix=True), fuse=True, stale=True)
+    assert not bool(st3.batch.mask[st3.staleness > 0].any()) and bool(st3.batch.mask.bool().any())
+    assert torch.equal(st3.batch.mask.bool(), fresh)
+    assert float(st3.is_weights.min()) == 1.0  # (no counted token is stale: nothing left to correct)
 
 
 def test_with_a_critic_and_a_kl_loss_only_the_policy_pass_moves(tiny_model) -> None:
@@ -150,3 +207,63 @@ def test_micro_batches_hold_whole_groups_when_prompts_dominate(tiny_model) -> No
         assert whole == together
         if not together:
             assert lengths == sorted(lengths, reverse=True)
+
+
+def _stale_worker(rank: int, world: int, port: int, model_dir: str, out: dict) -> None:
+    """One rank of a two-rank step whose batch carries versions on rank 0 only (rank 1's responses
+    hold none, as empty responses would): the ranks must still run the same collectives."""
+    import torch.distributed as dist
+
+    from reasonrl.models.loading import load_causal_lm, load_tokenizer
+    from reasonrl.train.backend import TorchBackend
+    from reasonrl.train.learner import Learner
+    from reasonrl.train.ranks import Ranks
+    from reasonrl.train.step_metrics import staleness_metrics
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    tok = load_tokenizer(model_dir)
+    groups = _groups(len(tok), n_groups=2, seed=rank)
+    if rank == 0:
+        for smp in (x for g in groups for x in g):
+            smp.versions = [1] * (smp.length // 2) + [3] * (smp.length - smp.length // 2)
+    torch.manual_seed(0)
+    policy = load_causal_lm(model_dir)
+    pb = TorchBackend(policy, lr=1e-3, weight_decay=0.0, grad_clip=0.0, warmup_steps=0, dtype="fp32")
+    ranks = Ranks(rank, world)
+    learner = Learner(spec=CASES["grpo"], policy=policy, policy_backend=pb, critic_backend=None, ref_model=None, sampling=Sampling(temperature=0.9),
+                      pad_id=tok.pad_token_id, max_len=12, micro_batch_size=3, mini_batch_size=8, ppo_epochs=1, dtype="fp32", seed=0, ranks=ranks)
+    st = learner.prepare(groups, step=3)
+    learner.advantages(st, group_size=4)
+    m = learner.update_policy(st)
+    m.update(st.metrics)
+    m.update(staleness_metrics(st, ranks))
+    out[rank] = {"metrics": {k: v for k, v in m.items() if k.startswith(("rollout/", "actor/correction"))},
+                 "stale_rows": int((st.staleness > 0).any(1).sum()), "lagged": st.staleness is not None}
+    dist.destroy_process_group()
+
+
+def test_two_ranks_agree_on_a_batch_with_stale_tokens_on_one_of_them(tiny_model) -> None:
+    """Whether a batch carries versions is decided over every rank: a rank whose responses carry
+    none still runs the staleness and correction collectives, and both report the same numbers."""
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    ctx = mp.spawn(_stale_worker, args=(2, port, str(tiny_model), out), nprocs=2, join=False)
+    deadline = time.monotonic() + 300
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks did not finish the step (collectives out of step)")
+    r0, r1 = out[0], out[1]
+    assert r0["lagged"] and r1["lagged"] and r0["stale_rows"] > 0 and r1["stale_rows"] == 0
+    assert r0["metrics"] == r1["metrics"]
+    assert r0["metrics"]["rollout/staleness_max"] == 2 and 0 < r0["metrics"]["rollout/stale_token_frac"] < 0.5
+    assert 0 < r0["metrics"]["actor/correction_scope_frac"] < 0.5

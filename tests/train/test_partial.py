@@ -44,6 +44,39 @@ def test_a_segment_length_is_not_the_end_of_a_response() -> None:
     assert [p.finish for g in at_limit.apply([(0, 0, [7] * 4, [-.1] * 4, "length")]) for p in g.pieces] == ["length"]
 
 
+def test_every_token_carries_the_version_that_sampled_it_and_max_staleness_restarts_older_responses() -> None:
+    from reasonrl.rollouts import Sample
+
+    pool = PartialPool(2, 8)
+    pool.add(_group(0))
+    pool.add(_group(1))
+    pool.apply([(0, 0, [5, 5], [-.1] * 2, "length"), (0, 1, [6], [-.1], "stop"), (1, 0, [7, 7], [-.1] * 2, "length"),
+                (1, 1, [8, 8], [-.1] * 2, "length")], version=1)
+    done = pool.apply([(0, 0, [5], [-.2], "stop"), (1, 0, [7, 7], [-.2] * 2, "length"), (1, 1, [8, 8], [-.2] * 2, "length")], version=2)
+    assert [p.versions for p in done[0].pieces] == [[1, 1, 2], [1]] and [p.versions for p in pool.open[1].pieces] == [[1, 1, 2, 2]] * 2
+    saved = json.loads(json.dumps(pool.state()))  # (the versions go into the checkpoint)
+    again = PartialPool(2, 8)
+    again.load(saved)
+    assert again.state() == saved
+    # a checkpoint from before tokens carried versions: each token gets its group's born step (the oldest it can be)
+    legacy = json.loads(json.dumps(saved))
+    for g in legacy["open"]:
+        g["pieces"] = [p[:3] for p in g["pieces"]]
+    old = PartialPool(2, 8)
+    old.load(legacy)
+    assert [p.versions for p in old.open[1].pieces] == [[1, 1, 1, 1]] * 2
+    # a finished group waiting for a batch, its first response begun at version 1, the other at 3
+    grp = [Sample(group=0, prompt_index=0, prompt="p", prompt_ids=[1, 2], response="", response_ids=ids, logprobs=[-.1] * len(ids),
+                  finish_reason="stop", truncated=False, ground_truth="0", versions=v) for ids, v in (([5, 5, 5], [1, 1, 2]), ([6], [3]))]
+    pool.defer([(1, grp)])
+    assert pool.enforce(3, 2) == 0 and len(pool.ready) == 1  # versions 1 and 2 lag step 3 by 2 at most: nothing to do
+    assert pool.enforce(4, 2) == 3  # at step 4, version 1 lags by 3: group 1's two responses and the waiting group's first restart
+    assert [p.ids for p in pool.open[1].pieces] == [[], []] and all(p.finish == "" and not p.versions for p in pool.open[1].pieces)
+    assert not pool.ready and [(p.ids, p.versions, p.finish) for p in pool.open[0].pieces] == [([], [], ""), ([6], [3], "stop")]
+    assert pool.work() == [(0, 0), (1, 0), (1, 1)] and pool.prompt_of(0, 0) == [1, 2]
+    assert pool.enforce(4, 0) == 1  # K = 0: the finished response of version 3 lags too
+
+
 def test_the_segment_must_divide_l_max_and_bound_the_engine() -> None:
     with pytest.raises(ValueError, match="divide"):
         PartialPool(5, 12)
@@ -64,7 +97,7 @@ def test_the_option_is_checked():
         TrainConfig(max_response_len=100, partial_rollout_len=7)
 
 
-def _collector(model_dir, *, partial: int, algo: str = "grpo", seed: int = 0):
+def _collector(model_dir, *, partial: int, algo: str = "grpo", seed: int = 0, **spec):
     from reasonrl.algos import get_algo
     from reasonrl.engines.base import SamplingParams
     from reasonrl.engines.hf import HFEngine
@@ -74,7 +107,7 @@ def _collector(model_dir, *, partial: int, algo: str = "grpo", seed: int = 0):
     from toyhelp import toy_rows
 
     rows = [{"prompt": [{"role": "user", "content": r["problem"]}], "reward_model": {"ground_truth": r["answer"]}} for r in toy_rows(30, seed=2)]
-    return Collector(spec=get_algo(algo), engine=HFEngine(str(model_dir), dtype="fp32", seed=0), tokenizer=load_tokenizer(model_dir),
+    return Collector(spec=get_algo(algo).replace(**spec), engine=HFEngine(str(model_dir), dtype="fp32", seed=0), tokenizer=load_tokenizer(model_dir),
                      scorer=RewardScorer(), stream=DataStream(rows, seed=seed), sampling=SamplingParams(n=4, max_tokens=12), max_prompt_len=256,
                      overlong_cache_len=2, oversample=1.0, max_rounds=10, seed=seed, ranks=None, partial_len=partial)
 
@@ -142,6 +175,32 @@ def _assert_counts_add_up(steps, waiting) -> None:
         offered = c.generated_groups + c.carried_groups - c.deferred_groups
         assert c.kept_frac == (c.kept_groups / offered if offered else 0.0) and 0 <= c.kept_frac <= 1
     assert sum(c.deferred_groups for c in steps) - sum(c.carried_groups for c in steps) == len(waiting)
+
+
+def _lags(col, step: int) -> list[int]:
+    return [step - v for g in col.groups for s in g for v in s.versions]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bound", [None, 1, 0])
+def test_max_staleness_bounds_how_far_trained_tokens_lag(format_model, bound) -> None:
+    """Every trained token carries the step that sampled it (non-decreasing along its response, at
+    most the step training it); --max-staleness K: none lags more than K, the older responses are
+    regenerated (counted), and no group is lost or trained twice."""
+    torch.manual_seed(0)
+    col = _collector(format_model, partial=2, **({} if bound is None else {"max_staleness": bound}))
+    steps = [col.collect(2, step=s) for s in (1, 2, 3, 4, 5)]
+    for s, c in enumerate(steps, 1):
+        for smp in (x for g in c.groups for x in g):
+            assert len(smp.versions) == smp.length and smp.versions == sorted(smp.versions) and all(1 <= v <= s for v in smp.versions)
+    lags = [lag for s, c in enumerate(steps, 1) for lag in _lags(c, s)]
+    trained = [g[0].group for c in steps for g in c.groups]
+    assert len(trained) == len(set(trained)) == 10
+    if bound is None:
+        assert max(lags) >= 2 and all("rollout/partial_stale_regenerated" not in c.partial for c in steps)
+    else:
+        assert max(lags) <= bound and sum(c.partial["rollout/partial_stale_regenerated"] for c in steps) > 0
+        assert (max(lags) == 0) == (bound == 0)
 
 
 @pytest.mark.slow
