@@ -374,9 +374,19 @@ def training_rows(data: str) -> list[dict[str, Any]]:
     from reasonrl.models.hub import is_hub_data
 
     if is_hub_data(data) and not Path(data).exists():
-        raise ReasonRLError(f"--data {data} is a hub dataset, and training reads a prepare-data directory: run `reasonrl prepare-data {data} --out DIR` "
-                            "first (it makes the answers integers, templates and splits), then pass --data DIR")
-    rows = load_prepared(data, "train")
+        # A hub dataset already in verl's RL format (a prepare-data output, DAPO-Math-17k's parquet)
+        # is read as it is; any other needs prepare-data first.
+        from reasonrl.data.readers import hub_data_file
+
+        try:
+            rows = load_prepared(hub_data_file(data), "train")
+        except ReasonRLError as e:
+            if "verl" not in str(e):
+                raise
+            raise ReasonRLError(f"--data {data} is not in verl's RL format (prompt, reward_model, ...): run `reasonrl prepare-data {data} --out DIR` "
+                                "first (it makes the answers integers, templates and splits), then pass --data DIR") from None
+    else:
+        rows = load_prepared(data, "train")
     if not rows:
         raise ReasonRLError(f"{data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
     return rows
@@ -390,7 +400,12 @@ def validation_rows(cfg: Any) -> list[dict[str, Any]]:
     from reasonrl.evaluation.datasets import load_problems
     from reasonrl.evaluation.problems import merge_replicas
 
+    from reasonrl.models.hub import is_hub_data
+
     src = cfg.val_data or cfg.data
+    if not cfg.val_data and is_hub_data(cfg.data) and not Path(cfg.data).exists():
+        raise ReasonRLError(f"--val-every: --data {cfg.data} is one split of a hub dataset, with no held-out problems beside it: pass --val-data "
+                            "(its validation split as hf:ORG/NAME@validation, or an eval set such as math500), or --val-every 0")
     rows = load_problems(src, cfg.val_template)
     problems = merge_replicas(rows, [r["extra_info"]["where"] for r in rows]).rows if rows else []
     if not problems:

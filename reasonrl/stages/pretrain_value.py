@@ -101,7 +101,10 @@ def held_out_rows(data: str, n: int) -> tuple[list[dict[str, Any]], bool]:
     without them, or a single verl parquet file), the first ``n`` training rows and True (in-sample)."""
     from reasonrl.data import load_prepared
     from reasonrl.errors import MissingArtifactError
+    from reasonrl.models.hub import is_hub_data
 
+    if is_hub_data(data) and not Path(data).exists():  # (one split of a hub dataset: nothing held out beside it)
+        return training_rows(data)[:n], True
     try:
         val = [] if Path(data).is_file() else load_prepared(data, "validation")
     except MissingArtifactError:

@@ -231,3 +231,21 @@ def test_a_missing_relative_critic_still_names_pretrain_value(offline, prepared,
     r = run_cli("train", "--algo", "vcppo", "--model", "org/tiny", "--data", prepared, "--critic", "runs/critic", "--out", tmp_path / "t", *SMALL)
     assert_user_error(r, "--critic runs/critic: no such local directory, and not found in the hub cache and offline",
                       "run `reasonrl pretrain-value --out runs/critic` first")
+
+
+def test_train_on_a_hub_dataset_in_verl_format(offline, prepared, tmp_path):
+    """`train --data hf:ORG/NAME` reads a hub dataset already in verl's RL format (here a
+    prepare-data output pushed as a dataset repository) as it is; a dataset in another form, and
+    validation without --val-data, are one line naming the fix."""
+    rev = "00112233445566778899aabbccddeeff00112233"
+    add_snapshot(offline / "hub", "dataset", "org/chains-rl", rev, {"data/train-00000-of-00001.parquet": (prepared / "train.parquet").read_bytes()})
+    out = tmp_path / "run"
+    args = ["train", "--algo", "grpo", "--model", f"org/tiny@{REV}", "--steps", "1", "--prompts-per-step", "2", "--mini-batch-size", "8",
+            "--micro-batch-size", "4", "--report-to", "none", *SMALL]
+    r = run_cli(*args, "--data", "hf:org/chains-rl", "--out", out, "--val-every", "0")
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["hub"]["data"]["commit"] == rev and m["hub"]["data"]["split"] == "train"
+    assert m["hub"]["model"]["commit"] == REV
+    assert_user_error(run_cli(*args, "--data", "hf:org/chains", "--out", tmp_path / "raw", "--val-every", "0"), "prepare-data hf:org/chains")
+    assert_user_error(run_cli(*args, "--data", "hf:org/chains-rl", "--out", tmp_path / "val", "--val-every", "1"), "--val-data")
