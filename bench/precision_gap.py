@@ -12,7 +12,7 @@ per token), the loss scale and the step time. Runs are resumable: a precision wh
     .venv/bin/reasonrl prepare-data data/chains.jsonl --config stages/prepare-data-cpu.toml --out runs/main/data
     .venv/bin/python bench/precision_gap.py [--steps 4] [--dtypes fp16,bf16,fp32] [--out runs/bench-precision]
 
-Writes ``bench/results/precision_gap.json`` and prints a markdown table. The step time is of one
+Writes ``bench/results/precision/gap.json`` and prints a markdown table. The step time is of one
 run at a time on whatever else the machine was doing (its load average is recorded): compare the
 precisions' ratios, not the absolute seconds.
 """
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--data", default="runs/main/data")
     ap.add_argument("--out", default="runs/bench-precision")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=str(ROOT / "bench/results/precision_gap.json"))
+    ap.add_argument("--json", default=str(ROOT / "bench/results/precision/gap.json"))
     a = ap.parse_args()
     rows: dict[str, list[dict]] = {}
     for dtype in a.dtypes.split(","):
