@@ -314,7 +314,7 @@ def two_level_bootstrap_ci(
     ``per_run_values[s][p]`` is run s's value on problem p (the runs may hold different problems).
     When every run is scored on the same problems (a crossed design, ``reasonrl ablate``'s), a
     problem's difficulty is shared by all the runs, and drawing the problems afresh for each run
-    averages that shared part away: the interval is too narrow (74–86% coverage at a nominal 95%
+    averages that shared part away: the interval is too narrow (76.5–87.0% coverage at a nominal 95%
     in ``bench/interval_coverage.py``'s simulation); use :func:`crossed_mean_ci` there.
     The statistic is ``mean_s mean_p``; each resample draws k runs of the k, then for each drawn run
     its m_s problems of the m_s. Unlike :func:`bootstrap_ci` over the pooled (run, problem) values,

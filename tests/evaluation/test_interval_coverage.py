@@ -15,7 +15,7 @@ about a second.
 
 The old interval (`two_level_bootstrap_ci`: each drawn seed's problems drawn afresh) counts a
 problem's difficulty as if each seed had its own problems, σ²_problem / (k m) instead of
-σ²_problem / m: on the same simulation it covers 74–86% of the time (bench/README.md, "Interval
+σ²_problem / m: on the same simulation it covers 76.5–87.0% of the time (a rung's accuracy) (bench/README.md, "Interval
 coverage"), worse with more seeds. The last test shows it on 100 replicates (100 resamples each, to
 stay within seconds: the percentile's own noise at 100 resamples costs about a point of coverage).
 """
