@@ -8,7 +8,9 @@ Inputs are per problem, one list per problem, one entry per sample:
 
 Every metric is a mean over problems of a per-problem value, so its uncertainty is estimated by a
 percentile bootstrap over problems (:func:`bootstrap_ci`). A problem is one distinct problem:
-``reasonrl eval`` merges replicated rows before sampling.
+``reasonrl eval`` merges replicated rows before sampling. Over several training runs (seeds) scored
+on the same problems, a crossed design (``reasonrl ablate``), :func:`crossed_mean_ci` is the
+interval whose coverage is checked for that design (``tests/evaluation/test_interval_coverage.py``).
 
 maj@n groups votes with the reward's equivalence (``equal``, :data:`EqualFn`). Pure Python; the
 default ``equal`` (:func:`reward_equal`) imports math-verify on first use and runs it in this
@@ -27,6 +29,8 @@ from reasonrl.answers import parse_integer, strip_answer
 __all__ = [
     "avg_at_n",
     "bootstrap_ci",
+    "crossed_mean_ci",
+    "crossed_variance",
     "majority_vote",
     "majority_votes",
     "maj_at_n",
@@ -37,6 +41,8 @@ __all__ = [
     "per_problem_pass_at_k",
     "per_problem_values",
     "reward_equal",
+    "student_t_quantile",
+    "two_level_bootstrap_ci",
     "vote_classes",
     "with_cis",
     "metrics_by_source",
@@ -304,7 +310,12 @@ def two_level_bootstrap_ci(
     """Percentile bootstrap CI of the mean over runs of each run's mean over problems, resampling
     at both levels: the runs (seeds) with replacement, then each drawn run's problems.
 
+    For the *nested* design only: each run scored on its own draw of problems.
     ``per_run_values[s][p]`` is run s's value on problem p (the runs may hold different problems).
+    When every run is scored on the same problems (a crossed design, ``reasonrl ablate``'s), a
+    problem's difficulty is shared by all the runs, and drawing the problems afresh for each run
+    averages that shared part away: the interval is too narrow (76.5–87.0% coverage at a nominal 95%
+    in ``bench/interval_coverage.py``'s simulation); use :func:`crossed_mean_ci` there.
     The statistic is ``mean_s mean_p``; each resample draws k runs of the k, then for each drawn run
     its m_s problems of the m_s. Unlike :func:`bootstrap_ci` over the pooled (run, problem) values,
     the interval carries the spread between training runs, not only the problems' (with 3 runs it
@@ -325,6 +336,175 @@ def two_level_bootstrap_ci(
         means.append(math.fsum(math.fsum(rng.choices(r, k=len(r))) / len(r) for r in drawn) / k)
     means.sort()
     return _quantile(means, alpha / 2), _quantile(means, 1 - alpha / 2)
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for i in range(1, 1000):
+        m2 = 2 * i
+        for num in (i * (b - i) * x / ((a + m2 - 1.0) * (a + m2)), -(a + i) * (a + b + i) * x / ((a + m2) * (a + m2 + 1.0))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def student_t_quantile(q: float, df: float) -> float:
+    """The q-quantile of Student's t distribution with ``df`` degrees of freedom (``df`` need not be
+    an integer: Satterthwaite's are not). Pure Python: the CDF from the regularized incomplete beta
+    function, ``P(T <= t) = 1 - I_{df/(df+t²)}(df/2, 1/2) / 2`` for t >= 0, inverted by bisection
+    to about 1e-12 relative. ``df = inf`` gives the normal quantile.
+
+    Raises:
+        ValueError: q not in (0, 1) or df <= 0.
+    """
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df}")
+    if math.isinf(df):
+        from statistics import NormalDist
+
+        return NormalDist().inv_cdf(q)
+    if q < 0.5:
+        return -student_t_quantile(1.0 - q, df)
+    tail = 1.0 - q  # P(T > t) = I_{df/(df+t²)}(df/2, 1/2) / 2
+
+    def upper(t: float) -> float:
+        return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+    lo, hi = 0.0, 1.0
+    while upper(hi) > tail:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if upper(mid) > tail:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+def _matrix(values: Sequence[Sequence[float]], name: str) -> list[list[float]]:
+    rows = [[float(v) for v in r] for r in values]
+    if not rows or not rows[0]:
+        raise ValueError(f"{name} needs at least one run with at least one value")
+    if any(len(r) != len(rows[0]) for r in rows):
+        raise ValueError(f"{name} needs every run scored on the same problems: {sorted({len(r) for r in rows})} values per run")
+    return rows
+
+
+def crossed_variance(values: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """The estimated variance of the grand mean of a crossed design, and its degrees of freedom.
+
+    The design: ``values[s][p]`` is run (seed) s's value on problem p, every run scored on the same
+    m problems (k runs), both drawn at random from their populations. The model is the two-way
+    crossed random-effects one, ``y_sp = μ + a_s + b_p + e_sp`` (run, problem, and their
+    interaction confounded with the cell's sampling noise), under which the grand mean
+    ``ȳ = mean_s mean_p y_sp`` has
+
+        Var(ȳ) = σ²_a / k + σ²_b / m + σ²_e / (k m).
+
+    With the two-way ANOVA mean squares MS_A = m Σ_s (ȳ_s· − ȳ)² / (k−1) (runs),
+    MS_B = k Σ_p (ȳ_·p − ȳ)² / (m−1) (problems) and MS_E = Σ (y_sp − ȳ_s· − ȳ_·p + ȳ)² /
+    ((k−1)(m−1)), whose expectations are m σ²_a + σ²_e, k σ²_b + σ²_e and σ²_e,
+
+        V = (MS_A + MS_B − MS_E) / (k m)
+
+    is unbiased for Var(ȳ) (the variance of the mean in generalizability theory's p × s design:
+    Brennan 2001, "Generalizability Theory", ch. 5; Searle, Casella & McCulloch 1992, "Variance
+    Components", §4). Its degrees of freedom are Satterthwaite's (1946),
+    ``V² / Σ_i (c_i MS_i)² / df_i``. V is floored at MS_E / (k m), the interaction's share, which
+    the true variance never falls below (it can come out below when MS_A + MS_B < 2 MS_E); the
+    degrees of freedom are then MS_E's. With one run (k = 1) the runs' spread cannot be estimated:
+    V = MS_B / m over the problems (df m − 1), the run taken as fixed; with one problem (m = 1),
+    V = MS_A / k (df k − 1). One value in all: (NaN, NaN).
+
+    Unlike a bootstrap that draws each run's problems afresh (:func:`two_level_bootstrap_ci`,
+    which fits the nested design), the problems' main effect enters once, as σ²_b / m, shared by
+    all the runs. Unlike the two-way ("pigeonhole") bootstrap (Owen 2007, "The pigeonhole
+    bootstrap", Ann. Appl. Stat. 1(2)), which resamples the runs and one shared draw of the problems,
+    it does not rest on k draws of the runs' spread: with k = 3 the percentile interval of a
+    bootstrap over runs is about the range of the 3 runs, which covers the mean of a
+    run-dominated design about 75% of the time; the t quantile with Satterthwaite's df (about
+    k − 1 then) widens it (``bench/interval_coverage.py``).
+    """
+    y = _matrix(values, "crossed_variance")
+    k, m = len(y), len(y[0])
+    grand = math.fsum(x for r in y for x in r) / (k * m)
+    if k * m == 1:
+        return math.nan, math.nan
+    rm = [math.fsum(r) / m for r in y]
+    cm = [math.fsum(y[s][p] for s in range(k)) / k for p in range(m)]
+    if k == 1:
+        ms_b = k * math.fsum((c - grand) ** 2 for c in cm) / (m - 1)
+        return ms_b / (k * m), float(m - 1)
+    ms_a = m * math.fsum((r - grand) ** 2 for r in rm) / (k - 1)
+    if m == 1:
+        return ms_a / (k * m), float(k - 1)
+    ms_b = k * math.fsum((c - grand) ** 2 for c in cm) / (m - 1)
+    ms_e = math.fsum((y[s][p] - rm[s] - cm[p] + grand) ** 2 for s in range(k) for p in range(m)) / ((k - 1) * (m - 1))
+    terms = [(ms_a / (k * m), k - 1), (ms_b / (k * m), m - 1), (-ms_e / (k * m), (k - 1) * (m - 1))]
+    v = math.fsum(c for c, _ in terms)
+    floor = ms_e / (k * m)
+    if v <= floor:
+        return floor, float((k - 1) * (m - 1))
+    return v, v * v / math.fsum(c * c / d for c, d in terms)
+
+
+def crossed_mean_ci(
+    values: Sequence[Sequence[float]],
+    alpha: float = 0.05,
+    bounds: tuple[float, float] | None = None,
+) -> tuple[float, float]:
+    """A (1 − alpha) interval for the mean over runs and problems of a crossed design: every run
+    (seed) scored on the same problems, ``values[s][p]`` (``reasonrl ablate``'s rung accuracy).
+
+    ``ȳ ± t_{1−alpha/2, ν} √V`` with V and ν from :func:`crossed_variance` (the two-way
+    random-effects variance of the grand mean, Satterthwaite's degrees of freedom), clipped to
+    ``bounds`` (e.g. (0, 1) for an accuracy: the truth lies there, so clipping loses no coverage).
+    For a paired difference between two ladders' rungs, pass the differences ``after[s][p] −
+    before[s][p]`` (paired by run and problem) with bounds (−1, 1): the same design, the
+    problems' and the runs' shared parts cancelled. Coverage checked by simulation of the crossed
+    design with binary outcomes (``tests/evaluation/test_interval_coverage.py``,
+    ``bench/interval_coverage.py``). No resampling: deterministic. With one value in all, the
+    interval is ``bounds`` (or infinite): it says nothing.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    y = _matrix(values, "crossed_mean_ci")
+    mean = math.fsum(x for r in y for x in r) / (len(y) * len(y[0]))
+    v, df = crossed_variance(y)
+    if math.isnan(v):
+        lo, hi = -math.inf, math.inf
+    else:
+        h = student_t_quantile(1.0 - alpha / 2.0, df) * math.sqrt(v) if v > 0 else 0.0
+        lo, hi = mean - h, mean + h
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return lo, hi
 
 
 def per_problem_values(

@@ -19,8 +19,8 @@ from whatever finished.
 Outputs in ``out/``: ``plan.json`` (the rungs, seeds and each run's command; written first),
 ``logs/<run>.log`` (each run's console, appended across reruns), ``ablation.json`` (the table) and
 ``manifest.json`` last, once every run has finished. The table, per rung: final and best
-validation avg@n (the mean over seeds, with a 95% percentile-bootstrap interval that resamples the
-seeds, then each seed's problems), the area under the validation curve, final entropy, clip fractions, response length and
+validation avg@n (the mean over seeds, with a 95% interval for the crossed design, every seed
+scored on the same problems: ``crossed_mean_ci``, seeds and problems both random), the area under the validation curve, final entropy, clip fractions, response length and
 truncation, dynamic-sampling rounds, seconds per step; and the difference to the previous rung,
 paired by seed and problem, with its interval (``reasonrl.evaluation.scores``). The per-problem
 values come from each run's ``validation.jsonl``.
@@ -598,16 +598,29 @@ def _size_mib(d: Path | None) -> float:
     return math.fsum(f.stat().st_size for f in d.rglob("*") if f.is_file()) / 2**20 if d is not None else math.nan
 
 
-def _with_ci(per_seed: list[list[float]], n_boot: int) -> dict[str, Any]:
-    """The mean over seeds of each seed's mean over problems. ``ci``: the two-level percentile
-    bootstrap (the seeds, then each drawn seed's problems), so it carries the spread between
-    training runs; ``ci_problems``: the bootstrap over the pooled (seed, problem) values, the
-    problems' noise given these runs (narrower: it takes the runs as fixed)."""
-    from reasonrl.evaluation.scores import bootstrap_ci, two_level_bootstrap_ci
+def _with_ci(per_seed: list[list[float]], n_boot: int, crossed: bool, bounds: tuple[float, float] = (0.0, 1.0)) -> dict[str, Any]:
+    """The mean over seeds of each seed's mean over problems. ``crossed`` (every seed scored on the
+    same problems, in the same order: ablate's design): ``ci`` is the crossed random-effects
+    interval (:func:`~reasonrl.evaluation.scores.crossed_mean_ci`: seeds and problems both random,
+    a problem's difficulty shared by the seeds), ``ci_problems`` the bootstrap over the problems of
+    their mean over seeds (one draw of problems for all the seeds, the runs taken as fixed). Not
+    crossed (runs that validated different problems): the nested design's two-level bootstrap (the
+    seeds, then each drawn seed's problems) and the bootstrap over the pooled (seed, problem) values."""
+    from reasonrl.evaluation.scores import bootstrap_ci, crossed_mean_ci, two_level_bootstrap_ci
 
-    flat = [x for v in per_seed for x in v]
-    return {"value": _mean([_mean(v) for v in per_seed]), "ci": list(two_level_bootstrap_ci(per_seed, n_boot=n_boot, seed=0)),
-            "ci_problems": list(bootstrap_ci(flat, n_boot=n_boot, seed=0)), "per_seed": [_mean(v) for v in per_seed]}
+    if crossed:
+        ci = crossed_mean_ci(per_seed, bounds=bounds)
+        problems = [_mean([v[p] for v in per_seed]) for p in range(len(per_seed[0]))]
+    else:
+        ci = two_level_bootstrap_ci(per_seed, n_boot=n_boot, seed=0)
+        problems = [x for v in per_seed for x in v]
+    return {"value": _mean([_mean(v) for v in per_seed]), "ci": list(ci), "ci_problems": list(bootstrap_ci(problems, n_boot=n_boot, seed=0)),
+            "design": "crossed" if crossed else "nested", "per_seed": [_mean(v) for v in per_seed]}
+
+
+def _crossed(stats: list[dict[str, Any]]) -> bool:
+    """Whether the runs validated the same problems in the same order (seeds × problems crossed)."""
+    return all(st["where"] == stats[0]["where"] for st in stats)
 
 
 def _paired(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]], key: str, n_boot: int) -> dict[str, Any] | None:
@@ -617,7 +630,7 @@ def _paired(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]],
     if not seeds:
         return None
     diffs = [[float(a) - float(b) for a, b in zip(after[s][key], before[s][key], strict=True)] for s in seeds]
-    return {**_with_ci(diffs, n_boot), "problems": sum(map(len, diffs)), "seeds": seeds}  # (ci_problems: paired_difference's interval)
+    return {**_with_ci(diffs, n_boot, _crossed([after[s] for s in seeds]), bounds=(-1.0, 1.0)), "problems": sum(map(len, diffs)), "seeds": seeds}
 
 
 def _steps_differ(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]]) -> list[dict[str, int]]:
@@ -652,9 +665,10 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
         if stats:
             vals = list(stats.values())
             row["metric"] = vals[0]["metric"]
-            row["final"] = _with_ci([v["final"] for v in vals], n_boot)
-            row["best"] = _with_ci([v["best"] for v in vals], n_boot)
-            row["auc"] = _with_ci([v["auc"] for v in vals], n_boot)
+            crossed = _crossed(vals)
+            row["final"] = _with_ci([v["final"] for v in vals], n_boot, crossed)
+            row["best"] = _with_ci([v["best"] for v in vals], n_boot, crossed)
+            row["auc"] = _with_ci([v["auc"] for v in vals], n_boot, crossed)
             for k in ("entropy_final", "clipfrac_upper", "clipfrac_lower", "response_length", "truncated_frac", "ds_rounds", "step_s", "peak_rss_gib",
                       "checkpoint_mib"):
                 row[k] = _mean([v[k] for v in vals])
@@ -671,8 +685,11 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
     bad += [k for k, v in critics.items() if v["status"] in ("failed", "blocked")]
     missing = [f"{r['name']}/seed-{s}" for r in rows for s, v in r["runs"].items() if v["status"] == "unfinished"]
     return {"source": plan_doc["source"], "base": plan_doc["base"], "seeds": plan_doc["seeds"], "steps": plan_doc["steps"], "val_every": plan_doc["val_every"],
-            "bootstrap": n_boot, "interval": ("95% percentile bootstrap, two levels: the seeds, then each drawn seed's problems (ci); over the pooled (seed, problem) "
-                                              "values, the runs taken as fixed (ci_problems); vs_previous: paired by seed and problem"),
+            "bootstrap": n_boot, "interval": ("95%, seeds × problems crossed (design 'crossed'): the two-way random-effects t interval, Satterthwaite's df "
+                                              "(ci; reasonrl.evaluation.scores.crossed_mean_ci); the percentile bootstrap over the problems of their mean over "
+                                              "seeds, the runs taken as fixed (ci_problems). Runs on different problems (design 'nested'): the two-level "
+                                              "bootstrap, seeds then each seed's problems (ci), and over the pooled values (ci_problems). vs_previous: "
+                                              "paired by seed and problem"),
             "rungs": rows, "critics": critics, "failed": bad, "unfinished": missing, "complete": not bad and not missing}
 
 
@@ -697,7 +714,7 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     metric = next((r["metric"] for r in doc["rungs"] if r.get("metric")), "avg@n")
-    acc = Table(title=f"ablation ({doc['source']}): validation {metric} in % [95% CI: seeds, then problems]", box=box.SIMPLE_HEAD,
+    acc = Table(title=f"ablation ({doc['source']}): validation {metric} in % [95% CI: seeds × problems]", box=box.SIMPLE_HEAD,
                 caption="Δ: to the rung above, paired by seed and problem; AUC: the validation curve's mean level")
     for c in ("rung", "seeds", "final", "best", "AUC", "Δ final"):
         acc.add_column(c, justify="left" if c == "rung" else "right")

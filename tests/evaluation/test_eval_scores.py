@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import statistics
 from collections.abc import Iterator
 from math import comb
 
@@ -217,3 +219,113 @@ def test_two_level_bootstrap_carries_the_spread_between_runs() -> None:
         two_level_bootstrap_ci([[1.0], []])
     with pytest.raises(ValueError):
         two_level_bootstrap_ci([])
+
+
+def _t_quantile_slow(q: float, df: float) -> float:
+    """Slow reference: Student's t density integrated by Simpson's rule from 0, inverted by bisection."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(t: float, n: int = 4000) -> float:
+        h = t / n
+        f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    lo, hi = 0.0, 100.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_student_t_quantile() -> None:
+    """Tabled values (df 1, 2, 5, 30; the normal's at df = inf), the slow reference at non-integer
+    df (Satterthwaite's), symmetry, and bad input."""
+    from reasonrl.evaluation.scores import student_t_quantile
+
+    for df, t in ((1, 12.706204736), (2, 4.302652730), (5, 2.570581836), (30, 2.042272456), (math.inf, 1.959963985)):
+        assert student_t_quantile(0.975, df) == pytest.approx(t, rel=1e-8)
+    for q, df in ((0.975, 2.37), (0.9, 7.5), (0.995, 1.6), (0.6, 40.2)):
+        assert student_t_quantile(q, df) == pytest.approx(_t_quantile_slow(q, df), rel=1e-6)
+    assert student_t_quantile(0.025, 3.3) == pytest.approx(-student_t_quantile(0.975, 3.3))
+    assert student_t_quantile(0.5, 4) == pytest.approx(0.0, abs=1e-9)
+    for q, df in ((0.0, 3), (1.0, 3), (0.5, 0.0)):
+        with pytest.raises(ValueError):
+            student_t_quantile(q, df)
+
+
+def _crossed_variance_slow(y: list[list[float]]) -> float:
+    """Slow reference: the variance components one by one (σ²_e, then σ²_a and σ²_b from their mean
+    squares), combined as σ²_a / k + σ²_b / m + σ²_e / (k m), and not below σ²_e / (k m)."""
+    k, m = len(y), len(y[0])
+    g = sum(sum(r) for r in y) / (k * m)
+    rm = [sum(r) / m for r in y]
+    cm = [sum(y[s][p] for s in range(k)) / k for p in range(m)]
+    sse = 0.0
+    for s in range(k):
+        for p in range(m):
+            sse += (y[s][p] - rm[s] - cm[p] + g) ** 2
+    s2e = sse / ((k - 1) * (m - 1))
+    s2a = (m * sum((r - g) ** 2 for r in rm) / (k - 1) - s2e) / m
+    s2b = (k * sum((c - g) ** 2 for c in cm) / (m - 1) - s2e) / k
+    return max(s2a / k + s2b / m + s2e / (k * m), s2e / (k * m))
+
+
+def test_crossed_variance_values() -> None:
+    """The crossed design's variance of the grand mean: hand-worked cases, the slow reference, and
+    unbiasedness under the two-way random-effects model (the mean of V over many draws is
+    σ²_a / k + σ²_b / m + σ²_e / (k m))."""
+    import random
+
+    from reasonrl.evaluation.scores import crossed_mean_ci, crossed_variance, student_t_quantile
+
+    # the runs differ, every problem alike: V = MS_A / (k m) = 1.5 / 6, one df
+    assert crossed_variance([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]) == pytest.approx((0.25, 1.0))
+    # the problems differ, the runs alike: V = MS_B / (k m) = (2/3) / 8, m − 1 = 3 df
+    assert crossed_variance([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0]]) == pytest.approx((1 / 12, 3.0))
+    lo, hi = crossed_mean_ci([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0]])
+    h = student_t_quantile(0.975, 3) * math.sqrt(1 / 12)
+    assert (lo, hi) == pytest.approx((0.5 - h, 0.5 + h))
+    assert crossed_mean_ci([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0]], bounds=(0.0, 1.0)) == (0.0, 1.0)  # clipped to what an accuracy can be
+    rng = random.Random(5)
+    for k, m, spread in ((3, 48, 0.0), (5, 24, 0.0), (2, 7, 0.0), (3, 48, 0.4), (5, 24, 0.3), (2, 7, 0.5)):
+        a, b = [rng.uniform(-spread, spread) for _ in range(k)], [rng.uniform(-0.5, 0.5) for _ in range(m)]
+        y = [[min(1.0, max(0.0, 0.5 + a[s] + b[p] + rng.choice((-0.25, 0.0, 0.25)))) for p in range(m)] for s in range(k)]
+        v, df = crossed_variance(y)
+        assert v == pytest.approx(_crossed_variance_slow(y), rel=1e-12) and 1.0 <= df <= (k - 1) * (m - 1)
+    # only interaction: MS_A = MS_B = 0, MS_E = 1, so V = −1/4 is floored at MS_E / (k m) = 1/4, with MS_E's 1 df
+    assert crossed_variance([[0.0, 1.0], [1.0, 0.0]]) == pytest.approx((0.25, 1.0))
+    assert _crossed_variance_slow([[0.0, 1.0], [1.0, 0.0]]) == pytest.approx(0.25)
+    # unbiased: 4000 draws of a 3 × 8 design with σ_a 0.5, σ_b 1, σ_e 0.7
+    k, m, sa, sb, se = 3, 8, 0.5, 1.0, 0.7
+    vs = []
+    for _ in range(4000):
+        a, b = [rng.gauss(0, sa) for _ in range(k)], [rng.gauss(0, sb) for _ in range(m)]
+        vs.append(_crossed_variance_slow([[a[s] + b[p] + rng.gauss(0, se) for p in range(m)] for s in range(k)]))
+    true = sa**2 / k + sb**2 / m + se**2 / (k * m)
+    assert sum(vs) / len(vs) == pytest.approx(true, rel=0.06)
+    # one run: the t interval over its problems (the run taken as fixed); one problem: over the runs
+    one = [[0.0, 1.0, 1.0, 0.0, 1.0]]
+    v, df = crossed_variance(one)
+    assert v == pytest.approx(statistics.variance(one[0]) / 5) and df == 4
+    assert crossed_variance([[0.2], [0.4], [0.9]]) == pytest.approx((statistics.variance([0.2, 0.4, 0.9]) / 3, 2.0))
+    assert math.isnan(crossed_variance([[0.5]])[0]) and crossed_mean_ci([[0.5]], bounds=(0.0, 1.0)) == (0.0, 1.0)
+    assert crossed_mean_ci([[0.5, 0.5], [0.5, 0.5]]) == (0.5, 0.5)
+    with pytest.raises(ValueError, match="same problems"):
+        crossed_mean_ci([[0.5, 0.5], [0.5]])
+    with pytest.raises(ValueError):
+        crossed_mean_ci([])
+
+
+def test_crossed_interval_counts_a_shared_problem_difficulty_once_per_problem() -> None:
+    """Seeds that agree on which problems are hard: the problems' spread is σ²_b / m, not σ²_b / (k m)
+    as if each seed had its own problems; the two-level bootstrap (nested design) is narrower, by
+    about √k, and the crossed interval matches the bootstrap over the problems' means over seeds."""
+    from reasonrl.evaluation.scores import bootstrap_ci, crossed_mean_ci, two_level_bootstrap_ci
+
+    m = 48
+    y = [[float(p % 3 == 0) for p in range(m)] for _ in range(5)]  # 5 seeds, each solving the same third
+    lo, hi = crossed_mean_ci(y)
+    olo, ohi = two_level_bootstrap_ci(y, n_boot=2000, seed=0)
+    blo, bhi = bootstrap_ci([sum(y[s][p] for s in range(5)) / 5 for p in range(m)], n_boot=2000, seed=0)
+    assert (hi - lo) > 1.8 * (ohi - olo)
+    assert (hi - lo) == pytest.approx(bhi - blo, rel=0.15)

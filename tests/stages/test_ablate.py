@@ -393,6 +393,43 @@ def test_the_delta_says_when_final_validations_are_at_different_steps(tmp_path):
     assert "† b: final validations at different steps (seed 0: step 6 vs 8)" in " ".join(text.split())
 
 
+def test_the_table_intervals_fit_the_crossed_design(tmp_path):
+    """Every seed validated on the same problems (ablate's design): a rung's interval and the paired Δ's
+    are the crossed random-effects interval over the seeds × problems values; runs that validated
+    different problems get the nested design's two-level bootstrap, and the row says which."""
+    from reasonrl.evaluation.scores import bootstrap_ci, crossed_mean_ci, two_level_bootstrap_ci
+    from reasonrl.stages.ablate import summarise
+
+    def run(d: Path, final: list[float], where: list[str]) -> None:
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"stage": "train"}))
+        (d / "validation.jsonl").write_text(json.dumps({"step": 0, "where": where, "avg@2": [0.0] * len(final)}) + "\n"
+                                            + json.dumps({"step": 8, "where": where, "avg@2": final}) + "\n")
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "actor/entropy": 0.5}) + "\n")
+
+    where = [f"p{i}" for i in range(6)]
+    a = [[0.0, 0.5, 1.0, 0.0, 0.5, 1.0], [0.5, 0.5, 1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.5, 0.5, 0.5]]
+    b = [[0.5, 0.5, 1.0, 0.5, 0.5, 1.0], [1.0, 0.5, 1.0, 0.0, 0.5, 1.0], [0.0, 1.0, 1.0, 1.0, 0.5, 1.0]]
+    out = tmp_path / "abl"
+    for s in range(3):
+        run(out / "a" / f"seed-{s}", a[s], where)
+        run(out / "b" / f"seed-{s}", b[s], where)
+        run(out / "c" / f"seed-{s}", b[s], [f"q{s}-{i}" for i in range(6)])  # each seed its own problems
+    plan = {"source": "spec", "base": "x.toml", "steps": 8, "val_every": 8, "seeds": [0, 1, 2],
+            "rungs": [{"name": n, "sets": {}, "pretrained_critic": False} for n in "abc"]}
+    doc = summarise(plan, out, {}, 200)
+    ra, rb, rc = doc["rungs"]
+    assert ra["final"]["design"] == "crossed" and ra["final"]["ci"] == pytest.approx(list(crossed_mean_ci(a, bounds=(0.0, 1.0))))
+    assert ra["final"]["ci_problems"] == pytest.approx(list(bootstrap_ci([sum(col) / 3 for col in zip(*a)], n_boot=200, seed=0)))
+    diffs = [[x - y for x, y in zip(rb_, ra_)] for rb_, ra_ in zip(b, a)]
+    d = rb["vs_previous"]["final"]
+    assert d["design"] == "crossed" and d["ci"] == pytest.approx(list(crossed_mean_ci(diffs, bounds=(-1.0, 1.0))))
+    assert d["ci"][0] <= d["value"] <= d["ci"][1] and d["seeds"] == [0, 1, 2]
+    assert rc["final"]["design"] == "nested" and rc["final"]["ci"] == pytest.approx(list(two_level_bootstrap_ci(b, n_boot=200, seed=0)))
+    assert rc["vs_previous"]["final"] is None  # (no seed validated the same problems as the rung above)
+    assert "crossed" in doc["interval"]
+
+
 def test_a_dry_run_writes_nothing_into_a_finished_ablation(tmp_path, data_dir):
     """`--dry-run` with other --seeds on a finished ablation: its commands printed, and manifest.json, ablation.json and
     plan.json left as they were (it deleted the first two and replaced the plan)."""
