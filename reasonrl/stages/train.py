@@ -293,7 +293,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     from reasonrl.progress import Display
     from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
-    from reasonrl.train.checkpoint import latest_checkpoint, save_best, save_checkpoint, start_run
+    from reasonrl.train.checkpoint import best_step, latest_checkpoint, save_best, save_checkpoint, start_run
     from reasonrl.train.collector import DataStream
     from reasonrl.train.ranks import Ranks
     from reasonrl.train.step_metrics import flatten_metrics, log_line, val_line
@@ -335,8 +335,11 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         _check_same_reward(out, reward)
         cfg.check_resumed_schedule(out, cfg.steps)
     if rank == 0:  # rank 0 holds the run directory for the whole job
+        notes: list[str] = []  # (checkpoints a --resume skipped: links, damaged ones)
         run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings,
-                              inputs=(cfg.data, cdir, cfg.rollouts or None))
+                              inputs=(cfg.data, cdir, cfg.rollouts or None), notes=notes)
+        for line in notes:
+            console.print(f"[yellow]{line}[/]")
     if world > 1:
         torch.distributed.barrier()
         ckpt = latest_checkpoint(out) if cfg.resume else None
@@ -364,7 +367,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
     policy_backend = make_backend(cfg, policy, cfg.lr, dtype)
     stream = DataStream(rows, cfg.seed, skip_solved=cfg.skip_solved_epochs)
-    start, val_state = 0, None
+    start, val_state, rng_state = 0, None, None
     if ckpt:
         st = json.loads((ckpt / "trainer_state.json").read_text())
         start = int(st["step"])
@@ -373,8 +376,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         if critic_backend is not None:
             critic_backend.load_state(ckpt / "critic_state")
         val_state = st.get("val")
-        rng = torch.load(ckpt / "rng.pt", weights_only=True)
-        torch.set_rng_state(rng["torch"])
+        rng_state = torch.load(ckpt / "rng.pt", weights_only=True)["torch"]  # (put back once the setup is over, below)
         console.print(f"resumed from {ckpt} (step {start})")
 
     val_len = cfg.val_max_response_len or cfg.max_response_len
@@ -398,6 +400,10 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     best = Best(cfg.save_best, cfg.early_stop_patience) if cfg.save_best else None
     if best is not None:
         best.load(val_state)
+        if ckpt and best.step == start and best_step(out) != start:  # (best/ failed to be written at the checkpoint's step)
+            save_best(out, best, start, policy_backend=policy_backend, tokenizer=tok, rank=rank)
+            if rank == 0:
+                console.print(f"best/: written from {ckpt.name} (step {start}'s {cfg.save_best} {best.value:.4f}; its write had failed)")
     if rank == 0:
         write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name,
                                       "engine_compiled": engine_compiled(engine), "world_size": world})
@@ -415,9 +421,12 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     progress.phase = "steps"
     stop.install(ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts.StepStop)
 
+    best_failed: list[str] = []  # (a failed write of best/: the step is checkpointed, then the run stops with this line)
+
     def validate(step: int, m: dict[str, Any]) -> dict[str, Any]:
         """Validation at ``step`` (its metrics into ``m``), the best policy kept in out/best/;
-        returns the per-problem record (rank 0), for validation.jsonl."""
+        returns the per-problem record (rank 0), for validation.jsonl. A failed write of best/ (a
+        full disk) is put in ``best_failed`` (every rank), for the caller to checkpoint the step and stop."""
         display.status(f"step {step}: validate on {len(val_rows)} problems × {cfg.val_n}")
         scalars, per_problem = validator.run(engine, step)
         m.update(scalars)
@@ -427,7 +436,13 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 best.since = 0 if new_best else best.since + 1
             if new_best:
                 display.status(f"step {step}: save best policy")
-                save_best(out, best, step, policy_backend=policy_backend, tokenizer=tok, rank=rank)
+                why = ""
+                try:
+                    save_best(out, best, step, policy_backend=policy_backend, tokenizer=tok, rank=rank)
+                except ReasonRLError as e:
+                    why = str(e)
+                if ranks.max(torch.tensor([float(bool(why))])).item() > 0:
+                    best_failed.append(why or f"could not write best/ for step {step} (on rank 0)")
         return per_problem
 
     def log_validation(step: int, per_problem: dict[str, Any]) -> None:
@@ -436,6 +451,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         if per_problem:
             append_jsonl(out / "validation.jsonl", {"step": step, **per_problem})
 
+    if rng_state is not None:  # torch's RNG as the checkpoint left it, after everything the setup draws (e.g. measuring the peak FLOP/s)
+        torch.set_rng_state(rng_state)
     try:
         display.start()
         if validator is not None and start == 0:
@@ -445,6 +462,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 runlog.append(m0)
                 log_validation(0, per_problem)
                 display.print(val_line(0, m0, cfg.val_n))
+            if best_failed:
+                raise ReasonRLError(f"{best_failed[0]}; nothing was trained yet: free space, then start over with --overwrite")
         for step in range(start + 1, cfg.steps + 1):
             if best is not None and best.stop:
                 break  # (a resumed run that had stopped early)
@@ -478,6 +497,8 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
                 log_validation(step, per_problem)
                 if res.short_batch:
                     done = "update skipped" if res.skipped_update else "trained on them"
+                    if m.get("rollout/partial_kept_back_groups"):
+                        done += f", its {m['rollout/partial_kept_back_groups']} finished groups kept for the next step"
                     display.print(f"[yellow]step {step}: {res.collection} kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
                                            f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
                 if step % cfg.log_every == 0 or step == cfg.steps:
@@ -492,12 +513,16 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             if bad_steps >= cfg.max_bad_steps:
                 raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
             stopping = stop.requested()  # (every rank: the same answer)
-            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping or early) and not bad_steps:
+            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping or early or best_failed) and not bad_steps:
                 display.status("save checkpoint")
                 save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
                                 data_state=collector.state(), rank=rank, world=world, keep_last=cfg.keep_last,
                                 val_state=best.state() if best is not None else None, learner_state=learner.state())
                 progress.saved, progress.written = step, stopping
+            if best_failed:  # (its checkpoint written first, whatever --save-every: no trained step is lost)
+                kept = (f"step {step} is checkpointed: free space, then --resume (it writes best/ from checkpoints/step_{step})" if progress.saved == step
+                        else f"the last checkpoint is {latest_checkpoint(out)}: free space, then --resume")
+                raise ReasonRLError(f"{best_failed[0]}; {kept}")
             if early and rank == 0:
                 display.print(f"early stop at step {step}: {cfg.save_best} has not beaten {best.value:.4f} (step {best.step}) "
                               f"in {best.since} validations (--early-stop-patience)")

@@ -1,10 +1,21 @@
 """A training run's directory: checkpoints, resume, and what a rerun may delete.
 
 ``out/checkpoints/step_N/`` holds the policy and critic (HF directories), their optimizer and
-scheduler state, the RNG state and the data position. It is written to ``.step_N.tmp`` and renamed
-into place, so a ``step_N`` directory is always complete; ``checkpoints/latest`` names the newest
-and is itself replaced atomically (when it is missing or torn, the newest complete ``step_N`` is
-used). A checkpoint is never written with a non-finite weight.
+scheduler state, the RNG state and the data position. It is written to ``.step_N.tmp``, every file
+and directory fsynced, and renamed into place, so a ``step_N`` directory is always complete;
+``checkpoints/latest`` names the newest and is itself replaced atomically, after the rename is on
+disk (when it is missing or torn, the newest complete ``step_N`` is used). A checkpoint is never
+written with a non-finite weight.
+
+A run resumes only from its own checkpoints, and only from an intact one
+(:func:`resume_checkpoint`): a ``step_N`` or ``latest`` that is a symbolic link (to another run, or
+anywhere) is skipped with a line, and a checkpoint whose files do not all read back whole (a
+truncated ``optim.pt`` or safetensors file, a ``trainer_state.json`` without its keys, a missing
+part: :func:`checkpoint_damage`) is passed over for the newest intact one, with a line that says so.
+
+``best/`` (``--save-best``) is written to ``.best.tmp`` and fsynced; the old ``best/`` is renamed
+aside to ``.best.old``, the new one renamed in, and the old one removed, so a kill at any moment
+leaves a complete ``best/`` or ``.best.old`` (:func:`recover_best` puts it back on the next start).
 
 A rerun never silently deletes a run: an unfinished run (checkpoints or metrics but no manifest)
 must be resumed (``--resume``) or started over (``--overwrite``), and ``--overwrite`` deletes only
@@ -28,7 +39,7 @@ from reasonrl.rundir import RunDir, claim, write_failure
 from reasonrl.tracking.base import TRACKER_OUTPUTS
 
 #: What `reasonrl train` writes in its run directory (all an --overwrite may delete).
-RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "best", ".best.tmp", "metrics.jsonl", "validation.jsonl", "summary.json", "config.json",
+RUN_OUTPUTS = ("checkpoints", "rollouts", "policy", "best", ".best.tmp", ".best.old", "metrics.jsonl", "validation.jsonl", "summary.json", "config.json",
                *TRACKER_OUTPUTS, MANIFEST)
 #: Config keys a --resume may change: they do not change what the run computes (``out``: a run
 #: directory may be moved).
@@ -38,39 +49,164 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def _steps(out: Path) -> list[tuple[int, Path]]:
+    """The run's own ``step_N`` directories with a trainer_state.json (never a symbolic link), oldest first."""
     d = out / "checkpoints"
-    if not d.is_dir():
+    if not d.is_dir() or d.is_symlink():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / "trainer_state.json").is_file()]
+    found = [(int(m.group(1)), p) for p in d.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and not p.is_symlink() and (p / "trainer_state.json").is_file()]
     return sorted(found)
+
+
+def _links(out: Path) -> list[Path]:
+    """``checkpoints/step_N`` and ``checkpoints/latest`` entries that are symbolic links (never a run's own)."""
+    d = out / "checkpoints"
+    if not d.is_dir() or d.is_symlink():
+        return []
+    return sorted(p for p in d.iterdir() if (p.name == "latest" or _STEP_DIR.match(p.name)) and p.is_symlink())
+
+
+def _named_latest(out: Path) -> Path | None:
+    """The ``step_N`` that ``checkpoints/latest`` names (a regular file holding a step name, never a
+    path or a link), if that is one of the run's own checkpoints."""
+    f = out / "checkpoints" / "latest"
+    try:
+        if f.is_symlink() or not f.is_file():
+            return None
+        name = f.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    p = out / "checkpoints" / name
+    return p if _STEP_DIR.match(name) and not p.is_symlink() and (p / "trainer_state.json").is_file() else None
 
 
 def latest_checkpoint(out: Path) -> Path | None:
     """The newest complete checkpoint of a run directory (``latest``, else the newest ``step_N``), or None.
 
-    ``latest`` holds a step name (``step_N``), never a path: anything else is ignored, so a run only
-    ever resumes from its own checkpoints."""
-    f = out / "checkpoints" / "latest"
-    try:
-        name = f.read_text(encoding="utf-8").strip()
-        p = out / "checkpoints" / name
-        if _STEP_DIR.match(name) and (p / "trainer_state.json").is_file():
-            return p
-    except (OSError, UnicodeDecodeError):
-        pass
+    ``latest`` holds a step name (``step_N``), never a path: anything else is ignored, and a
+    ``step_N`` or ``latest`` that is a symbolic link is never followed, so a run only ever resumes
+    from its own checkpoints. (Files are not read: :func:`resume_checkpoint` checks them.)"""
+    named = _named_latest(out)
+    if named is not None:
+        return named
     steps = _steps(out)
     return steps[-1][1] if steps else None
 
 
+def _safetensors_damage(f: Path) -> str | None:
+    """Why ``f`` is not a whole safetensors file (its header unreadable, or shorter than the tensors it lists), or None."""
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or 8 + n > size:
+                return "truncated (no whole header)"
+            header = json.loads(fh.read(n))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "not a safetensors file"
+    return None if 8 + n + max(ends, default=0) <= size else f"truncated ({size} of {8 + n + max(ends)} bytes)"
+
+
+def _torch_file_damage(f: Path) -> str | None:
+    """Why ``f`` is not a whole ``torch.save`` file (a zip archive whose members all lie inside it), or None.
+    Read without unpickling anything."""
+    import zipfile
+
+    try:
+        size = f.stat().st_size
+        with zipfile.ZipFile(f) as z:
+            infos = z.infolist()
+            if not infos:
+                return "empty"
+            for i in infos:
+                if i.header_offset + 30 + len(i.filename) + i.compress_size > size:
+                    return "truncated"
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return "truncated or not a torch file"
+    return None
+
+
+def checkpoint_damage(p: Path) -> str | None:
+    """Why checkpoint directory ``p`` cannot be trusted, in words naming the file, or None when it is
+    intact: every part a checkpoint has is there (trainer_state.json with its step and data position,
+    rng.pt, the policy and its optimizer state, the critic's when there is a critic), and every file
+    reads back whole (safetensors headers and lengths, torch.save archives, JSON), no symbolic link
+    anywhere in it. Cheap: headers and sizes are read, not the weights."""
+    if p.is_symlink() or not p.is_dir():
+        return "a symbolic link, not a checkpoint of this run" if p.is_symlink() else "missing"
+    try:
+        st = json.loads((p / "trainer_state.json").read_text(encoding="utf-8"))
+        if not (isinstance(st, dict) and isinstance(st.get("step"), int) and isinstance(st.get("data"), dict)):
+            return "trainer_state.json lacks its step or data position"
+        m = _STEP_DIR.match(p.name)
+        if m and int(m.group(1)) != st["step"]:
+            return f"trainer_state.json is for step {st['step']}"
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "trainer_state.json is missing or not JSON"
+    required = ["rng.pt", "policy", "policy_state"] + (["critic_state"] if (p / "critic").exists() else [])
+    for part in required:
+        if not (p / part).exists():
+            return f"{part} is missing"
+    if not any(f.suffix == ".safetensors" for f in (p / "policy").rglob("*")):
+        return "policy/ holds no safetensors file"
+    for f in sorted(p.rglob("*")):
+        rel = f.relative_to(p)
+        if f.is_symlink():
+            return f"{rel} is a symbolic link"
+        if not f.is_file():
+            continue
+        why = None
+        if f.suffix == ".safetensors":
+            why = _safetensors_damage(f)
+        elif f.suffix == ".pt":
+            why = _torch_file_damage(f)
+        elif f.suffix == ".json":
+            try:
+                json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError, UnicodeDecodeError):
+                why = "not JSON (truncated?)"
+        if why:
+            return f"{rel} is {why}"
+    return None
+
+
+def resume_checkpoint(out: Path, notes: list[str] | None = None) -> Path | None:
+    """The checkpoint a --resume continues from: the newest intact one of the run's own (``latest``
+    first, then the ``step_N`` newest first), or None when there is none at all. Symbolic links
+    among them are skipped and damaged checkpoints passed over, each with a line in ``notes``;
+    when every checkpoint is damaged, a one-line error naming them."""
+    links = _links(out)
+    for link in links:
+        if notes is not None:
+            notes.append(f"checkpoints/{link.name} is a symbolic link (to {os.readlink(link)}), not a checkpoint of this run: skipped")
+    named = _named_latest(out)
+    candidates = ([named] if named is not None else []) + [p for _, p in reversed(_steps(out)) if p != named]
+    damaged: list[str] = []
+    for p in candidates:
+        why = checkpoint_damage(p)
+        if why is None:
+            if damaged and notes is not None:
+                notes.append(f"checkpoints/{', '.join(damaged)}: damaged, passed over; resuming from {p.name}, the newest intact checkpoint")
+            return p
+        damaged.append(f"{p.name} ({why})")
+    if damaged:
+        raise ReasonRLError(f"--resume: no intact checkpoint in {out}/checkpoints ({'; '.join(damaged)}): start over with --overwrite")
+    return None
+
+
 def start_run(out: Path, *, resume: bool, overwrite: bool, model_dir: Path, config: dict[str, Any],
-              inputs: tuple[str | Path | None, ...] = ()) -> tuple[RunDir, Path | None]:
+              inputs: tuple[str | Path | None, ...] = (), notes: list[str] | None = None) -> tuple[RunDir, Path | None]:
     """Claim ``out`` for a run (``reasonrl.rundir``: never another stage's run or a user's files, one
     process at a time) and make it ready; return the claim and the checkpoint to resume from (None: a
     fresh run).
 
     Refuses: a model directory as ``out``; a finished run without --overwrite; an unfinished run
-    without --resume or --overwrite; a --resume with no checkpoint, or with changed settings.
-    On resume, metrics.jsonl and rollouts/ are cut back to the checkpoint's step.
+    without --resume or --overwrite; a --resume with no (intact) checkpoint, or with changed settings.
+    On resume (:func:`resume_checkpoint`; what it skipped goes to ``notes``), metrics.jsonl and
+    rollouts/ are cut back to the checkpoint's step, ``latest`` names it, and ``best/`` is put back
+    from a write a kill interrupted (:func:`recover_best`).
     """
     if out.exists() and not out.is_dir():
         raise ReasonRLError(f"output {out} is a file: choose a directory with --out")
@@ -78,11 +214,14 @@ def start_run(out: Path, *, resume: bool, overwrite: bool, model_dir: Path, conf
         raise ReasonRLError(f"--out {out} is a model directory: writing the run there would overwrite the model; choose another --out")
     run = claim(out, stage="train", inputs=(model_dir, *inputs))
     if resume:
-        ckpt = latest_checkpoint(out)
+        ckpt = resume_checkpoint(out, notes)
         if ckpt is None:
             raise ReasonRLError(f"--resume: {out}/checkpoints holds no complete checkpoint: start over with --overwrite (or check --out)")
         _check_same_config(out, config)
         _cut_back(out, int(_json(ckpt / "trainer_state.json")["step"]))
+        if _named_latest(out) != ckpt:
+            write_latest(out, ckpt.name)
+        recover_best(out)
         return run, ckpt
     unfinished = _steps(out) or (out / "metrics.jsonl").is_file()
     if (run.finished or unfinished) and not overwrite:
@@ -140,9 +279,29 @@ def _cut_back(out: Path, step: int) -> None:
             p.unlink()
     for p in (out / "checkpoints").glob(".step_*.tmp"):
         shutil.rmtree(p, ignore_errors=True)
+    for p in _links(out):  # (the link itself, never what it points to)
+        p.unlink()
     for n, p in _steps(out):
         if n > step:
             shutil.rmtree(p)
+
+
+def _fsync(path: Path) -> None:
+    """fsync a file or directory (a directory: its entries, so a rename in it is on disk)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (itself included), so what was written there
+    survives a power loss once it is renamed into place."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            _fsync(Path(dirpath) / name)
+        _fsync(Path(dirpath))
 
 
 def nonfinite(state_dict: dict[str, torch.Tensor]) -> list[str]:
@@ -184,8 +343,12 @@ def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend
             torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
             write_json(tmp / "trainer_state.json", {"step": step, "data": data_state, **({"val": val_state} if val_state else {}),
                                                     **({"learner": learner_state} if learner_state else {})})
+            fsync_tree(tmp)
+            if d.is_symlink():  # (a link in its place is never written through)
+                d.unlink()
             shutil.rmtree(d, ignore_errors=True)
             tmp.rename(d)
+            _fsync(d.parent)
             write_latest(out, d.name)
     except Exception as e:  # noqa: BLE001 - an OSError, torch.save's RuntimeError on a short write, safetensors' SafetensorError
         why = write_failure(e) if isinstance(e, OSError) else _write_error(e, out)
@@ -225,20 +388,66 @@ def _write_error(e: BaseException, where: Path) -> str | None:
     return f"a write failed: {text[-1][:160] if text else type(e).__name__}"
 
 
+def _remove(p: Path) -> None:
+    """Remove ``p`` whatever it is (a symbolic link: the link only)."""
+    if p.is_symlink() or p.is_file():
+        p.unlink()
+    elif p.exists():
+        shutil.rmtree(p)
+
+
+def recover_best(out: Path) -> None:
+    """Put ``best/`` back after a :func:`save_best` a kill interrupted: ``.best.old`` (the previous
+    best, renamed aside) becomes ``best/`` again when no complete ``best/`` took its place; a
+    leftover ``.best.tmp`` or ``.best.old`` is removed."""
+    d, old, tmp = out / "best", out / ".best.old", out / ".best.tmp"
+    complete = d.is_dir() and not d.is_symlink() and (d / "best.json").is_file()
+    if not complete and old.is_dir() and not old.is_symlink() and (old / "best.json").is_file():
+        _remove(d)
+        old.rename(d)
+    for p in (tmp, old):
+        _remove(p)
+
+
+def best_step(out: Path) -> int | None:
+    """The step of the policy in ``out/best/`` (its best.json), or None."""
+    st = _json(out / "best" / "best.json") if not (out / "best").is_symlink() else {}
+    return st.get("step") if isinstance(st.get("step"), int) else None
+
+
 def save_best(out: Path, best: Any, step: int, *, policy_backend: Any, tokenizer: Any, rank: int) -> Path:
     """``out/best/`` := the current policy (an HF directory; LoRA: merged, and its ``adapter/``) with a ``best.json`` naming the step,
-    the metric and its value; written to ``.best.tmp`` and renamed into place (every rank takes
-    part: ZeRO-3 gathers the shards)."""
+    the metric and its value (every rank takes part: ZeRO-3 gathers the shards).
+
+    Written to ``.best.tmp`` and fsynced; then the old ``best/`` is renamed to ``.best.old``, the new
+    one renamed in, and the old one removed: a kill at any moment leaves a complete ``best/`` or a
+    ``.best.old`` that :func:`recover_best` renames back. A failed write (a full disk) removes
+    ``.best.tmp``, leaves ``best/`` as it was and raises a one-line ReasonRLError."""
     from reasonrl.train.backend import save_policy
 
-    d, tmp = out / "best", out / ".best.tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-    save_policy(policy_backend, tmp, tokenizer)  # (LoRA: merged, with its adapter/)
-    if rank == 0:
-        write_json(tmp / "best.json", {"step": step, "metric": best.metric, "value": best.value})
-        shutil.rmtree(d, ignore_errors=True)
-        tmp.rename(d)
+    d, tmp, old = out / "best", out / ".best.tmp", out / ".best.old"
+    try:
+        if rank == 0:
+            recover_best(out)
+        save_policy(policy_backend, tmp, tokenizer)  # (LoRA: merged, with its adapter/)
+        if rank == 0:
+            write_json(tmp / "best.json", {"step": step, "metric": best.metric, "value": best.value})
+            fsync_tree(tmp)
+            if d.is_symlink():
+                d.unlink()
+            if d.exists():
+                d.rename(old)
+            tmp.rename(d)
+            _fsync(out)
+            _remove(old)
+    except Exception as e:  # noqa: BLE001 - as in save_checkpoint
+        why = write_failure(e) if isinstance(e, OSError) else _write_error(e, out)
+        if why is None:
+            raise
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = f"best/ still holds step {best_step(out)}" if best_step(out) is not None else "no best/ was written"
+        raise ReasonRLError(f"could not write best/ for step {step} ({why}): .best.tmp was removed, {kept}") from None
     return d
 
 
@@ -246,5 +455,10 @@ def write_latest(out: Path, name: str) -> None:
     """``checkpoints/latest`` := name, atomically."""
     f = out / "checkpoints" / "latest"
     tmp = f.with_name("latest.tmp")
-    tmp.write_text(name + "\n")
+    _remove(tmp)  # (never written through a link)
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(name + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, f)
+    _fsync(f.parent)

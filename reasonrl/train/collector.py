@@ -127,6 +127,7 @@ class Collected:
     dropped_all_wrong: int = 0
     retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
     partial: dict[str, float] = field(default_factory=dict)  # the rollout/partial_… metrics (--partial-rollout-len; empty when off)
+    born: dict[int, int] = field(default_factory=dict)  # each kept group's draw index → the step that began it, in batch order (--partial-rollout-len)
 
     @property
     def label(self) -> str:
@@ -258,6 +259,7 @@ class Collector:
         regenerated = pool.enforce(step, self.spec.max_staleness) if self.spec.max_staleness is not None else None
         for i, (born, g) in enumerate(pool.take_ready(n_prompts)):
             selected.append((g[0].group, i % world))
+            out.born[g[0].group] = born
             stale += born < step
             if i % world == rank:
                 mine[g[0].group] = g
@@ -312,6 +314,7 @@ class Collector:
                     out.drop(n_corr, size)
                 elif len(selected) < n_prompts:
                     selected.append((draw, owner))
+                    out.born[draw] = born[draw]
                     stale += born[draw] < step
                 else:
                     surplus.append(draw)
@@ -328,6 +331,22 @@ class Collector:
         if regenerated is not None:
             out.partial["rollout/partial_stale_regenerated"] = regenerated
         return out
+
+    def keep_back(self, col: Collected) -> int:
+        """A batch of partial rollouts that makes no update (``--on-short-batch skip``): its groups,
+        finished and scored (carried from earlier steps or finished in this one), go back to the pool
+        to be trained first in the next step, and into the checkpoint with it, rather than be lost
+        with the update. Every rank gets them all (one gather). Returns how many (0 without partial
+        rollouts: dynamic sampling's groups are sampled again)."""
+        if self.pool is None or not col.born:
+            return 0
+        order = {d: i for i, d in enumerate(col.born)}
+        mine = [g for g in col.groups if not g[0].pad]
+        everyone = sorted((g for part in self.ranks.gather(mine) for g in part), key=lambda g: order[g[0].group])
+        self.pool.put_back([(col.born[g[0].group], g) for g in everyone])
+        col.partial["rollout/partial_ready_groups"] = len(self.pool.ready)
+        col.partial["rollout/partial_kept_back_groups"] = len(everyone)
+        return len(everyone)
 
     def _agree(self, groups: list[list[Sample]]) -> list[tuple[int, int, int, int, bool]]:
         """What every rank generated, agreed on: (draw index, rank, #correct, G, informative) of
@@ -395,3 +414,7 @@ class Replay:
         real = [s for g in share for s in g if not s.pad]
         stats = RolloutStats(prompts=sum(not g[0].pad for g in share), samples=len(real), gen_tokens=sum(s.length for s in real))
         return Collected(groups=share, stats=stats, generated=real, rounds=0, wanted=n_prompts, generated_groups=n_prompts, kept_groups=n_prompts)
+
+    def keep_back(self, col: Collected) -> int:
+        """(Nothing to keep: a replayed batch is never short.)"""
+        return 0

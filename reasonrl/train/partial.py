@@ -130,6 +130,11 @@ class PartialPool:
         those already waiting)."""
         self.ready += groups
 
+    def put_back(self, groups: list[tuple[int, list[Sample]]]) -> None:
+        """Finished groups taken for a batch that made no update (``--on-short-batch skip``), ``(born,
+        group)`` in the batch's order: back to the front of the waiting line, the next step's first."""
+        self.ready[:0] = groups
+
     def take_ready(self, k: int) -> list[tuple[int, list[Sample]]]:
         """Up to ``k`` finished groups, oldest draw first (``(born, group)``)."""
         got, self.ready = self.ready[:k], self.ready[k:]

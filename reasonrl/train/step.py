@@ -60,7 +60,8 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         if on_short_batch == "error":
             raise ReasonRLError(f"step {step}: {col.label} kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
                                 f"raise --max-gen-rounds{' or --oversample' if collector.spec.dynamic_sampling else ''}, or pass --on-short-batch train|skip")
-        if on_short_batch == "skip":
+        if on_short_batch == "skip":  # (partial rollouts: the batch's finished groups wait for the next step, not lost)
+            collector.keep_back(col)
             col.groups = []
     if not col.groups:
         m.update(rollout_metrics(col, None, collector.ranks))

@@ -97,3 +97,41 @@ def test_a_round_cap_below_the_segments_of_l_max_is_refused(prepared, format_mod
                 "--max-gen-rounds", "3", *SMALL)
     assert_user_error(r, "takes 4", "raise --max-gen-rounds to 4 or more")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_skipped_update_keeps_its_finished_groups_for_the_next_step(prepared, format_model, tmp_path):
+    """--on-short-batch skip with partial rollouts (DAPO: groups dropped, new ones drawn late, the
+    round cap hit with groups going): the batch's finished groups (sampled and scored, carried or
+    new) wait for the next step, in the checkpoint too, instead of being lost with the update;
+    a run resumed from that checkpoint is the same run."""
+    args = ["train", "--model", format_model, "--data", prepared, "--steps", "4", "--save-every", "1", "--partial-rollout-len", "2", "--keep-rollouts",
+            "--algo", "dapo", "--max-gen-rounds", "4", "--on-short-batch", "skip", *SMALL, "--prompts-per-step", "3"]
+    full = tmp_path / "full"
+    r = run_cli(*args, "--out", full)
+    assert r.exit_code == 0, r.output
+    lines = _lines(full)
+    skipped = [m["step"] for m in lines if m.get("actor/skipped_update") and m["rollout/ds_kept_groups"]]
+    assert skipped, "no update with kept groups was skipped"
+    s = skipped[0]
+    batch = {x["group"] for x in step_rollouts(full, s) if x["kept"]} | set(_ready(full, s - 1)[:lines[s - 1]["rollout/partial_carried_groups"]])
+    assert batch <= set(_ready(full, s))  # (in step s's checkpoint, waiting: carried ones and those finished in it)
+    # Every group marked kept was trained by an update, or is still waiting at the end: none lost.
+    kept = {x["group"] for t in range(1, 5) for x in step_rollouts(full, t) if x["kept"]}
+    trained = sum(m["rollout/ds_kept_groups"] for m in lines if not m.get("actor/skipped_update"))
+    assert len(kept) == trained + lines[-1]["rollout/partial_ready_groups"]
+    assert "finished groups kept for the next step" in r.output
+
+    out = tmp_path / "resumed"  # crashed right after the skipped step's checkpoint
+    if s < 4:
+        crashed_copy(full, out, step=s, steps=4)
+        r = run_cli(*args, "--out", out, "--resume")
+        assert r.exit_code == 0, r.output
+        assert_same_run(full, out)
+
+
+def _ready(run: Path, step: int) -> list[int]:
+    """The groups waiting in checkpoint ``step``'s partial-rollout pool (none at step 0)."""
+    if step == 0:
+        return []
+    st = json.loads((run / "checkpoints" / f"step_{step}" / "trainer_state.json").read_text())
+    return [grp[0]["group"] for _, grp in st["data"]["partial"]["ready"]]
