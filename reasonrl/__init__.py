@@ -8,8 +8,6 @@ The Python API (docs/api.md): ``prepare_data``, ``pretrain_value``, ``rollout``,
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -30,34 +28,11 @@ _LAZY = {
 __all__ = ["__version__", "report", "train", *_LAZY]
 
 
-def _api_function(name: str) -> property:
-    def get(self: types.ModuleType) -> Any:
+def __getattr__(name: str) -> Any:
+    if name in ("train", "report"):  # the subpackages, callable as the API's functions (reasonrl.stage_package)
         import importlib
 
-        return getattr(importlib.import_module("reasonrl.api"), name)
-
-    def keep_function(self: types.ModuleType, value: Any) -> None:
-        """The import system sets ``reasonrl.<name>`` to the subpackage when it is first imported; the
-        subpackage stays reachable as ``sys.modules["reasonrl.<name>"]`` (``from reasonrl.<name> import …``)."""
-
-    return property(get, keep_function, doc=f"reasonrl.api.{name}")
-
-
-class _Package(types.ModuleType):
-    """reasonrl's module type: ``reasonrl.train`` and ``reasonrl.report`` are the API's functions,
-    although ``reasonrl/train/`` and ``reasonrl/report/`` are also subpackages, whose first import
-    would otherwise replace the attribute. Code inside reasonrl imports from them with ``from
-    reasonrl.train.x import y`` (never ``import reasonrl.train.x`` and then attribute access;
-    tests/test_api.py checks)."""
-
-    train = _api_function("train")
-    report = _api_function("report")
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-def __getattr__(name: str) -> Any:
+        return importlib.import_module(f"reasonrl.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'reasonrl' has no attribute {name!r}")
     import importlib
