@@ -84,9 +84,10 @@ def test_worked_steps_add_up_and_score_as_correct() -> None:
         assert math_reward(direct_answer(r["numbers"]), r["answer"]) == 1.0
 
 
-@pytest.mark.parametrize("template,answer", [("chains", worked_steps), ("chains-direct", direct_answer)])
+@pytest.mark.parametrize("template,answers", [("chains", (worked_steps, worked_steps)), ("chains-direct", (direct_answer, direct_answer)),
+                                              ("chains-choice", (worked_steps, direct_answer))])
 @pytest.mark.parametrize("length", sorted(CHAIN_LENGTHS))
-def test_the_templates_show_two_examples_as_long_as_the_problem(template, answer, length) -> None:
+def test_the_templates_show_two_examples_as_long_as_the_problem(template, answers, length) -> None:
     assert template in ALL_TEMPLATES
     problem = chain_problem(range(1, length + 1))
     msgs = messages_for(template, problem)
@@ -94,10 +95,32 @@ def test_the_templates_show_two_examples_as_long_as_the_problem(template, answer
     assert msgs[-1]["content"] == problem
     shown = examples_for(problem)
     assert [len(c) for c in shown] == [length, length] and len(set(shown)) == 2
-    for (q, a), example in zip(zip(msgs[:-1:2], msgs[1::2]), shown, strict=True):
+    for (q, a), example, answer in zip(zip(msgs[:-1:2], msgs[1::2]), shown, answers, strict=True):
         assert q["content"] == chain_problem(example) and a["content"] == answer(example)
         assert math_reward(a["content"], sum(example)) == 1.0, "the reward reads the examples' own answers as correct"
         assert extract_answer(a["content"]) == str(sum(example))
+
+
+def test_chains_choice_shows_both_forms_and_chains_instruct_none() -> None:
+    """chains-choice: the worked example first, the direct one next to the problem; chains-instruct:
+    the problem and an instruction that names the rewarded line but no form, no examples."""
+    problem = chain_problem([7, 6, 8, 1])
+    choice = [m["content"] for m in messages_for("chains-choice", problem)]
+    assert choice[1].count("=") == 3 and choice[3] == direct_answer(examples_for(problem)[1]) and "=" not in choice[3]
+    (msg,) = messages_for("chains-instruct", problem)
+    assert msg["role"] == "user" and msg["content"].startswith(problem + "\n\n")
+    instruction = msg["content"][len(problem):]
+    assert "Answer: N" in instruction and not any(w in instruction.lower() for w in ("step", "=", "start with"))
+    assert "chains-instruct" in ALL_TEMPLATES and "chains-choice" in ALL_TEMPLATES
+
+
+@pytest.mark.parametrize("template", ["chains-choice", "chains-instruct"])
+def test_prepare_data_with_the_free_form_templates(tmp_path, template) -> None:
+    out = tmp_path / "data"
+    run_prepare(PrepareConfig(inputs=[str(DATA)], out=str(out), template=template, val_size=8, quiet=True))
+    for r in load_prepared(out, "validation"):
+        assert r["prompt"] == messages_for(template, r["extra_info"]["raw_problem"])
+        assert r["prompt"][-1]["content"].startswith(r["extra_info"]["raw_problem"])
 
 
 def test_examples_for_other_problems() -> None:
