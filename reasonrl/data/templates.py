@@ -69,6 +69,13 @@ def chain_choice_examples(problem: str) -> Examples:
     return ((chain_problem(first), worked_steps(first)), (chain_problem(second), direct_answer(second)))
 
 
+def chain_choice_worked_last_examples(problem: str) -> Examples:
+    """The ``chains-choice-worked-last`` template's examples: as ``chains-choice``, the order swapped
+    (the direct answer first, the worked one next to the problem)."""
+    first, second = examples_for(problem)
+    return ((chain_problem(first), direct_answer(first)), (chain_problem(second), worked_steps(second)))
+
+
 @dataclass(frozen=True)
 class FewShot:
     """A few-shot template: ``examples(problem)`` (problem, answer) pairs as earlier chat turns,
@@ -85,6 +92,7 @@ FEWSHOT_TEMPLATES: dict[str, FewShot] = {
     "chains": FewShot("none", chain_steps_examples),
     "chains-direct": FewShot("none", chain_direct_examples),
     "chains-choice": FewShot("none", chain_choice_examples),
+    "chains-choice-worked-last": FewShot("none", chain_choice_worked_last_examples),
 }
 
 

@@ -85,7 +85,8 @@ def test_worked_steps_add_up_and_score_as_correct() -> None:
 
 
 @pytest.mark.parametrize("template,answers", [("chains", (worked_steps, worked_steps)), ("chains-direct", (direct_answer, direct_answer)),
-                                              ("chains-choice", (worked_steps, direct_answer))])
+                                              ("chains-choice", (worked_steps, direct_answer)),
+                                              ("chains-choice-worked-last", (direct_answer, worked_steps))])
 @pytest.mark.parametrize("length", sorted(CHAIN_LENGTHS))
 def test_the_templates_show_two_examples_as_long_as_the_problem(template, answers, length) -> None:
     assert template in ALL_TEMPLATES
