@@ -21,7 +21,8 @@ T 1.0 / top_p 0.7). From the eval's results.json and samples.jsonl it reports, p
 Resumable: each finished (template, settings) evaluation is one line of OUT/runs.jsonl, with its
 samples in OUT/samples-TEMPLATE-TAG.jsonl (TAG names the settings: v96-n4-seed0-bf16-L256); a
 rerun skips those. The tables and OUT/summary-TAG.json (every template measured with those
-settings, the ones asked for first) are rebuilt from them every time.
+settings, the ones asked for first; ``comparisons`` keeps every paired comparison made with them)
+are rebuilt from them every time.
 
     .venv/bin/python bench/cot_task.py                      # the data/README.md numbers
     .venv/bin/python bench/cot_task.py --seed 1             # another held-out draw and sampling seed
@@ -171,12 +172,19 @@ def paired_diff(steps: list[dict[str, Any]], direct: list[dict[str, Any]], n_boo
     """Per-problem accuracy, steps − direct template, over the problems both evaluated."""
     from reasonrl.evaluation.scores import bootstrap_ci
 
+    # older records have no raw_problem: the validation row then names the problem (the same seeded
+    # split for every template), checked by the ground truths agreeing row by row
+    key = "raw_problem" if all("raw_problem" in s for s in steps + direct) else "where"
+
     def per_problem(samples: list[dict[str, Any]]) -> dict[str, float]:
         acc: dict[str, list[bool]] = {}
         for s in samples:
-            acc.setdefault(s["raw_problem"], []).append(s["correct"])
+            acc.setdefault(s[key], []).append(s["correct"])
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
+    truth = {s[key]: s["ground_truth"] for s in steps}
+    if any(truth.get(s[key], s["ground_truth"]) != s["ground_truth"] for s in direct):
+        sys.exit(f"the two templates' samples are not the same problems by {key!r}: rerun both with the same settings")
     a, b = per_problem(steps), per_problem(direct)
     keys = sorted(set(a) & set(b))
     diffs = [a[k] - b[k] for k in keys]
@@ -293,7 +301,15 @@ def main() -> None:
         pooled = first + second
         summary["pooled_by_form"] = {"templates": templates[:2], "all": steps_split(pooled),
                                      **{src: steps_split(ss) for src, ss in by_length(pooled).items()}}
-    (out / f"summary-{tag}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    # every paired comparison made with these settings stays in the file (each rerun adds or renews its own)
+    path = out / f"summary-{tag}.json"
+    before = json.loads(path.read_text()) if path.exists() else {}
+    comparisons = dict(before.get("comparisons", {}))
+    for old in (before, summary):
+        if "paired" in old:
+            comparisons[old["paired"]["minus"]] = {"paired": old["paired"], "pooled_by_form": old.get("pooled_by_form")}
+    summary["comparisons"] = comparisons
+    path.write_text(json.dumps(summary, indent=1) + "\n")
     print_tables(summary, shown)
 
 
