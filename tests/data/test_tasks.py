@@ -149,3 +149,26 @@ def test_a_chain_set_too_large_for_its_numbers_is_refused() -> None:
     with pytest.raises(ValueError, match="cannot draw 82 distinct chains of 2 numbers"):
         make_chains({2: 82})
     assert len(make_chains({2: 81}, exclude=())) == 81
+
+
+def test_the_bench_rule_histogram_and_pairing() -> None:
+    """bench/cot_task.py: the steps rule, the length histogram, and the pairing of two templates'
+    samples by problem, by their validation row when older samples lack raw_problem (checked by the
+    ground truths: other problems are refused)."""
+    import runpy
+
+    bench = runpy.run_path(str(ROOT / "bench" / "cot_task.py"))
+    assert bench["writes_steps"]("1. Start with 3.\n2. Add 5: 3 + 5 = 8.\n3. Add 2: 8 + 2 = 10.\nAnswer: 10")
+    assert not bench["writes_steps"]("3 + 5 + 2 = 10.\nAnswer: 10") and not bench["writes_steps"]("Answer: 10")
+    hist = bench["length_histogram"]([0, 15, 16, 63, 64, 255, 256, 300])
+    assert hist == {"0-15": 2, "16-31": 1, "32-63": 1, "64-127": 1, "128-255": 1, "256+": 2}
+
+    def sample(row: int, truth: str, correct: bool, raw: str | None = None) -> dict:
+        return {"where": f"validation.parquet row {row}", "ground_truth": truth, "correct": correct, **({"raw_problem": raw} if raw else {})}
+
+    steps = [sample(1, "10", True, "What is 3 + 5 + 2?"), sample(1, "10", True, "What is 3 + 5 + 2?"), sample(2, "7", False, "What is 1 + 6?")]
+    direct = [sample(1, "10", False), sample(1, "10", True), sample(2, "7", False)]
+    d = bench["paired_diff"](steps, direct, n_boot=50)
+    assert d["problems"] == 2 and d["value"] == pytest.approx(0.25)
+    with pytest.raises(SystemExit, match="not the same problems"):
+        bench["paired_diff"](steps, [sample(1, "11", False), sample(2, "7", False)], n_boot=50)
