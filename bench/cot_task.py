@@ -1,14 +1,17 @@
 """The addition-chain task (data/chains.jsonl) on the embedded model: does writing the steps pay?
 
 For each prompt template (default: ``chains``, two chains as long as the problem worked one
-addition a numbered line, and ``chains-direct``, the same two answered at once) it runs the real pipeline: ``reasonrl prepare-data`` on
+addition a numbered line, and ``chains-direct``, the same two answered at once; issue 39's
+candidates where the form is the policy's choice: ``chains-choice``, ``chains-choice-worked-last``,
+``chains-instruct``) it runs the real pipeline: ``reasonrl prepare-data`` on
 the file (the template applied, the same seeded held-out split for every template), then
 ``reasonrl eval file`` on that split (vLLM, n samples per problem, DAPO's evaluation sampling
 T 1.0 / top_p 0.7). From the eval's results.json and samples.jsonl it reports, per chain length
 (``data_source`` chains-K) and overall:
 
 - avg@n with its bootstrap interval (over problems), from the eval itself;
-- the response lengths (mean, median, p90, max, tokens) and the share cut at --max-response-len;
+- the response lengths (mean, median, p90, max, tokens; a histogram, and the mean of the responses
+  that write steps and of the direct ones) and the share cut at --max-response-len;
 - responses that write steps vs those that answer directly, and the accuracy of each. The rule:
   a response *writes steps* when the text before its last ``Answer:`` (all of it, when there is
   none) holds at least 2 ``=`` signs (2 intermediate results); otherwise it is *direct*;
@@ -17,11 +20,15 @@ T 1.0 / top_p 0.7). From the eval's results.json and samples.jsonl it reports, p
 
 Resumable: each finished (template, settings) evaluation is one line of OUT/runs.jsonl, with its
 samples in OUT/samples-TEMPLATE-TAG.jsonl (TAG names the settings: v96-n4-seed0-bf16-L256); a
-rerun skips those. The tables and OUT/summary-TAG.json are rebuilt from them every time.
+rerun skips those. The tables and OUT/summary-TAG.json (every template measured with those
+settings, the ones asked for first; ``comparisons`` keeps every paired comparison made with them)
+are rebuilt from them every time.
 
     .venv/bin/python bench/cot_task.py                      # the data/README.md numbers
     .venv/bin/python bench/cot_task.py --seed 1             # another held-out draw and sampling seed
     .venv/bin/python bench/cot_task.py --val-size 40 --n 2  # a quicker look
+    .venv/bin/python bench/cot_task.py --templates chains-choice,chains-direct               # issue 39's pick, full size
+    .venv/bin/python bench/cot_task.py --templates chains-choice,chains-instruct,chains-choice-worked-last --val-size 48  # the candidates
 """
 
 from __future__ import annotations
@@ -62,8 +69,20 @@ def step_detail(samples: list[dict[str, Any]]) -> dict[str, Any]:
         for a, b, c in _STEP.findall(s["response"]):
             written += 1
             right += int(a) + int(b) == int(c)
+    forms = {name: [s["length"] for s in samples if writes_steps(s["response"]) == (name == "steps")] for name in ("steps", "direct")}
     return {**{g: {"responses": len(v), "acc": (sum(v) / len(v)) if v else None} for g, v in groups.items()},
-            "additions_written": written, "additions_right": (right / written) if written else None}
+            "additions_written": written, "additions_right": (right / written) if written else None,
+            "mean_length": {name: (statistics.fmean(v) if v else None) for name, v in forms.items()},
+            "length_histogram": length_histogram([s["length"] for s in samples])}
+
+
+#: response-length bins (tokens) of the length distribution: [lo, hi)
+LENGTH_BINS = ((0, 16), (16, 32), (32, 64), (64, 128), (128, 256), (256, 10**9))
+
+
+def length_histogram(lengths: list[int]) -> dict[str, int]:
+    """How many responses fall in each of :data:`LENGTH_BINS` ("0-15", …, "256+")."""
+    return {(f"{lo}+" if hi >= 10**9 else f"{lo}-{hi - 1}"): sum(lo <= n < hi for n in lengths) for lo, hi in LENGTH_BINS}
 
 
 def writes_steps(response: str) -> bool:
@@ -153,12 +172,19 @@ def paired_diff(steps: list[dict[str, Any]], direct: list[dict[str, Any]], n_boo
     """Per-problem accuracy, steps − direct template, over the problems both evaluated."""
     from reasonrl.evaluation.scores import bootstrap_ci
 
+    # older records have no raw_problem: the validation row then names the problem (the same seeded
+    # split for every template), checked by the ground truths agreeing row by row
+    key = "raw_problem" if all("raw_problem" in s for s in steps + direct) else "where"
+
     def per_problem(samples: list[dict[str, Any]]) -> dict[str, float]:
         acc: dict[str, list[bool]] = {}
         for s in samples:
-            acc.setdefault(s["raw_problem"], []).append(s["correct"])
+            acc.setdefault(s[key], []).append(s["correct"])
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
+    truth = {s[key]: s["ground_truth"] for s in steps}
+    if any(truth.get(s[key], s["ground_truth"]) != s["ground_truth"] for s in direct):
+        sys.exit(f"the two templates' samples are not the same problems by {key!r}: rerun both with the same settings")
     a, b = per_problem(steps), per_problem(direct)
     keys = sorted(set(a) & set(b))
     diffs = [a[k] - b[k] for k in keys]
@@ -201,7 +227,9 @@ def print_tables(summary: dict[str, Any], templates: list[str]) -> None:
         print(f"{t}: additions written vs the chain's k - 1 (responses, accuracy); additions right:")
         for src, v in detail.items():
             print(f"  {src:9s} " + "  ".join(f"{g} {v[g]['responses']:3d} at {fmt(v[g]['acc']):>6s}" for g in ("complete", "fewer", "more"))
-                  + f"  | {fmt(v['additions_right'])} of {v['additions_written']}")
+                  + f"  | {fmt(v['additions_right'])} of {v['additions_written']}"
+                  + "  | mean tokens steps / direct " + " / ".join("-" if v["mean_length"][k] is None else f"{v['mean_length'][k]:.1f}" for k in ("steps", "direct"))
+                  + "  | tokens " + " ".join(f"{b}:{c}" for b, c in v["length_histogram"].items()))
     p = summary.get("pooled_by_form")
     if p:
         print("responses of both templates, by the rule: ", end="")
@@ -259,7 +287,8 @@ def main() -> None:
         with open(log, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"{t}: done in {(e['prepare_s'] + e['eval_s']) / 60:.1f} min", flush=True)
-    summary: dict[str, Any] = {"settings": settings, "templates": {t: runs[t] for t in templates if t in runs}, "step_detail": {}}
+    shown = [*templates, *sorted(set(runs) - set(templates))]  # every template measured with these settings, the asked ones first
+    summary: dict[str, Any] = {"settings": settings, "templates": {t: runs[t] for t in shown if t in runs}, "step_detail": {}}
     for t in summary["templates"]:
         ss = [json.loads(x) for x in (out / f"samples-{t}-{tag}.jsonl").read_text().splitlines()]
         summary["step_detail"][t] = {"all": step_detail(ss), **{src: step_detail(g) for src, g in by_length(ss).items()}}
@@ -272,8 +301,16 @@ def main() -> None:
         pooled = first + second
         summary["pooled_by_form"] = {"templates": templates[:2], "all": steps_split(pooled),
                                      **{src: steps_split(ss) for src, ss in by_length(pooled).items()}}
-    (out / f"summary-{tag}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print_tables(summary, templates)
+    # every paired comparison made with these settings stays in the file (each rerun adds or renews its own)
+    path = out / f"summary-{tag}.json"
+    before = json.loads(path.read_text()) if path.exists() else {}
+    comparisons = dict(before.get("comparisons", {}))
+    for old in (before, summary):
+        if "paired" in old:
+            comparisons[old["paired"]["minus"]] = {"paired": old["paired"], "pooled_by_form": old.get("pooled_by_form")}
+    summary["comparisons"] = comparisons
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    print_tables(summary, shown)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ a numbered line (:func:`worked_steps`, the ``chains`` template's examples) its a
 several times as often as when it answers at once (:func:`direct_answer`, the ``chains-direct``
 template), and longer chains need longer answers. The templates show two worked chains with as many
 numbers as the problem (:func:`examples_for`): with examples of other lengths, the 135M model
-keeps the examples' number of steps, not the problem's. The measurements are in
-``data/README.md`` (``bench/cot_task.py``).
+keeps the examples' number of steps, not the problem's. Under ``chains-choice`` (one worked
+example, then one answered at once) the response's form, so its length, is the policy's choice:
+mostly short and wrong, sometimes worked and more often right (issue 39's start for RL). The
+measurements are in ``data/README.md`` (``bench/cot_task.py``).
 
 The file is deterministic: ``python data/make_chains.py`` rewrites ``data/chains.jsonl`` byte for
 byte from the seed (``tests/data/test_tasks.py`` checks it).

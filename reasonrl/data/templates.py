@@ -17,11 +17,15 @@ DAPO_TEMPLATE = DAPO_PREFIX + "{problem}" + DAPO_SUFFIX
 #: The Qwen2.5-Math style template: reason step by step, final answer in \boxed{}.
 BOXED_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
-TEMPLATES = {"dapo": DAPO_TEMPLATE, "boxed": BOXED_TEMPLATE, "none": "{problem}"}
+#: An instruction alone, for data/chains.jsonl (``chains-instruct``): what to do and the answer's
+#: line, nothing about how, so the response's form is the policy's choice.
+CHAINS_INSTRUCT_TEMPLATE = "{problem}\n\nAdd the numbers. End with a line of the form 'Answer: N', where N is the sum."
+
+TEMPLATES = {"dapo": DAPO_TEMPLATE, "boxed": BOXED_TEMPLATE, "none": "{problem}", "chains-instruct": CHAINS_INSTRUCT_TEMPLATE}
 
 
 def apply_template(name: str, problem: str) -> str:
-    """The user message for ``problem`` under template ``name`` ("dapo", "boxed" or "none")."""
+    """The user message for ``problem`` under template ``name`` ("dapo", "boxed", "none" or "chains-instruct")."""
     return TEMPLATES[name].format(problem=problem)
 
 
@@ -56,6 +60,22 @@ def chain_direct_examples(problem: str) -> Examples:
     return tuple((chain_problem(c), direct_answer(c)) for c in examples_for(problem))
 
 
+def chain_choice_examples(problem: str) -> Examples:
+    """The ``chains-choice`` template's examples: the same two chains, the first worked one addition
+    a numbered line, the second (the one next to the problem) answered at once. Both forms are
+    shown and neither is asked for, so the response's form is the policy's choice: the 135M model
+    mostly copies the nearer, short one, and sometimes writes the steps."""
+    first, second = examples_for(problem)
+    return ((chain_problem(first), worked_steps(first)), (chain_problem(second), direct_answer(second)))
+
+
+def chain_choice_worked_last_examples(problem: str) -> Examples:
+    """The ``chains-choice-worked-last`` template's examples: as ``chains-choice``, the order swapped
+    (the direct answer first, the worked one next to the problem)."""
+    first, second = examples_for(problem)
+    return ((chain_problem(first), direct_answer(first)), (chain_problem(second), worked_steps(second)))
+
+
 @dataclass(frozen=True)
 class FewShot:
     """A few-shot template: ``examples(problem)`` (problem, answer) pairs as earlier chat turns,
@@ -71,6 +91,8 @@ FEWSHOT_TEMPLATES: dict[str, FewShot] = {
     "dapo-fewshot": FewShot("dapo", lambda problem: FEWSHOT_EXAMPLES),
     "chains": FewShot("none", chain_steps_examples),
     "chains-direct": FewShot("none", chain_direct_examples),
+    "chains-choice": FewShot("none", chain_choice_examples),
+    "chains-choice-worked-last": FewShot("none", chain_choice_worked_last_examples),
 }
 
 

@@ -38,7 +38,7 @@ class EvalConfig(ModelOpts, DecodeOpts, TrackOpts):
     max_response_len: int = opt(1024, "Generation cap in tokens.")
     max_prompt_len: int = opt(2048, "Prompts longer than this are skipped and counted.")
     max_problems: int | None = opt(None, "Evaluate only the first N distinct problems.")
-    template: str = opt("dapo", "Prompt template for raw problems: dapo, boxed, none, fewshot, dapo-fewshot, chains or chains-direct (see prepare-data --template).")
+    template: str = opt("dapo", "Prompt template for raw problems: dapo, boxed, none, fewshot, dapo-fewshot, chains, chains-direct, chains-choice or chains-instruct (see prepare-data --template).")
     problem_field: str | None = opt(None, "Field of a data file's rows holding the problem (dotted for nested fields); default: problem, question or prompt.")
     answer_field: str | None = opt(None, "Field of a data file's rows holding the answer (dotted for nested fields); default: answer, final_answer, "
                                          "reward_model.ground_truth, ground_truth, or the last \\boxed{} of solution.")
