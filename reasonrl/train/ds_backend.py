@@ -225,9 +225,9 @@ class DeepSpeedBackend:
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v)
         pre_norm = self._local_grad_norm() if self.zero == 0 else None
-        scale = self.engine.optimizer.cur_scale if self.dtype == "fp16" else None  # (the scale this step's backward used)
+        scale = self._loss_scale() if self.dtype == "fp16" else None  # (the scale this step's backward used)
         self.engine.step()  # non-finite global grad norm: ZeRO skips the update (as TorchBackend does)
-        if scale is not None:
+        if scale is not None:  # (None: an optimizer that keeps no scale)
             metrics["loss_scale"] = float(scale) / self.world_size  # (summed over ranks below, like every metric)
             metrics["overflow"] = (0.0 if self.engine.was_step_applied() else 1.0) / self.world_size
         gn = self.engine.get_global_grad_norm()
@@ -238,6 +238,13 @@ class DeepSpeedBackend:
         metrics["grad_norm"] = float(gn) if gn is not None else float("nan")
         metrics["lr"] = lr
         return metrics
+
+    def _loss_scale(self) -> float | None:
+        """fp16's current loss scale: ZeRO's optimizers hold it as ``cur_scale``, stage 0's fp16
+        optimizer in its ``loss_scale_config``."""
+        opt = self.engine.optimizer
+        scale = getattr(opt, "cur_scale", None)
+        return scale if scale is not None else getattr(getattr(opt, "loss_scale_config", None), "cur_scale", None)
 
     def _local_grad_norm(self) -> float | None:
         grads = [p.grad.detach().float() for p in self.model.parameters() if p.grad is not None]
