@@ -29,14 +29,12 @@ __all__ = ["__version__", "report", "train", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("train", "report"):  # the subpackages, callable as the API's functions (reasonrl.stage_package)
-        import importlib
+    import importlib
 
+    if name in ("train", "report"):  # the subpackages, callable as the API's functions (reasonrl.stage_package)
         return importlib.import_module(f"reasonrl.{name}")
     if name not in _LAZY:
         raise AttributeError(f"module 'reasonrl' has no attribute {name!r}")
-    import importlib
-
     module, attr = _LAZY[name]
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value

@@ -19,14 +19,18 @@ from typing import Any
 class StagePackage(types.ModuleType):
     """A package module that, called, runs the API function of its name (``reasonrl.api.<name>``)."""
 
+    def api_function(self) -> Any:
+        """``reasonrl.api``'s function of this package's name."""
+        return getattr(importlib.import_module("reasonrl.api"), self.__name__.rsplit(".", 1)[-1])
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module("reasonrl.api"), self.__name__.rsplit(".", 1)[-1])(*args, **kwargs)
+        return self.api_function()(*args, **kwargs)
 
     @property
     def __signature__(self) -> Any:  # (inspect.signature and help() show the API function's)
         import inspect
 
-        return inspect.signature(getattr(importlib.import_module("reasonrl.api"), self.__name__.rsplit(".", 1)[-1]))
+        return inspect.signature(self.api_function())
 
 
 def callable_package(name: str) -> None:
