@@ -50,8 +50,3 @@ def load_value_model(path: str | os.PathLike) -> Any:
         raise ReasonRLError(f"cannot load the critic from {path} ({type(e).__name__}): run `reasonrl pretrain-value` first") from None
     return disable_dropout(model)
 
-
-def token_values(model: Any, input_ids: Any, attention_mask: Any) -> Any:
-    """V for every position: (B, L) float32."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask)
-    return out.logits.squeeze(-1).float()

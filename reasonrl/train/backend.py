@@ -4,6 +4,8 @@
 returns a loss already weighted for its share of the mini-batch, plus metrics), clips the gradient
 norm, and takes one optimizer step; ``scheduler_step()`` advances the LR once per training step. The single-process torch backend lives here; the
 DeepSpeed ZeRO backend (``reasonrl.train.ds_backend``) implements the same methods.
+What the trainer uses of a backend (it holds them as ``Any``): ``model``, ``rank``, ``world_size``,
+``step``, ``scheduler_step``, ``full_state_dict``, ``save_model``, ``save_state`` and ``load_state``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -60,26 +62,6 @@ def lr_lambda(schedule: str = "constant", *, warmup_steps: int = 0, total_steps:
     settings. An unknown ``schedule`` is a ValueError here, not at the first step past the warm-up."""
     lr_factor(warmup_steps, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
     return lambda s: lr_factor(s, schedule=schedule, warmup_steps=warmup_steps, total_steps=total_steps, min_lr_ratio=min_lr_ratio)
-
-
-class TrainingBackend(Protocol):
-    model: torch.nn.Module
-    rank: int
-    world_size: int
-
-    def step(self, micro_batches: Sequence[Any], loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]) -> dict[str, float]: ...
-
-    def scheduler_step(self) -> None: ...
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
-
-    def save_model(self, out_dir: Path, tokenizer: Any = None) -> None: ...
-
-    def save_state(self, out_dir: Path) -> None: ...
-
-    def load_state(self, out_dir: Path) -> None: ...
-
-    def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 def save_policy(backend: Any, out_dir: Path, tokenizer: Any = None) -> None:
@@ -182,6 +164,3 @@ class TorchBackend:
         self.scheduler.load_state_dict(st["scheduler"])
         if self.scaler is not None and st.get("scaler"):
             self.scaler.load_state_dict(st["scaler"])
-
-    def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
-        return x

@@ -495,21 +495,14 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, mode: str) -
     return _shared_outputs(model, batch, causal_lm=causal_lm, share_prompts=mode == "shared")
 
 
-def _mode(mode: str | None, share_prompts: bool | None) -> str:
-    if mode is not None:
-        return mode
-    return "plain" if share_prompts is False else "shared"
-
-
-def response_logits(model: Any, batch: Batch, *, mode: str | None = None, share_prompts: bool | None = None) -> torch.Tensor:
-    """Logits scoring each response token: (B, T, V). ``mode`` (default ``shared``; the old
-    ``share_prompts=False`` means ``plain``): ``plain`` one forward over the padded rows; ``shared``
-    each distinct prompt into a KV cache, then the responses on it; ``packed`` one padding-free
-    sequence; ``auto`` the cheapest of these by :func:`forward_mode` (per micro-batch: see its
+def response_logits(model: Any, batch: Batch, *, mode: str = "shared") -> torch.Tensor:
+    """Logits scoring each response token: (B, T, V). ``mode``: ``plain`` one forward over the
+    padded rows; ``shared`` (the default) each distinct prompt into a KV cache, then the responses
+    on it; ``packed`` one padding-free sequence; ``auto`` the cheapest of these by :func:`forward_mode` (per micro-batch: see its
     docstring for ZeRO-3). Off the valid tokens the numbers are finite (zero in packed mode)."""
-    return _response_outputs(model, batch, causal_lm=True, mode=_mode(mode, share_prompts))
+    return _response_outputs(model, batch, causal_lm=True, mode=mode)
 
 
-def response_values(value_model: Any, batch: Batch, *, mode: str | None = None, share_prompts: bool | None = None) -> torch.Tensor:
+def response_values(value_model: Any, batch: Batch, *, mode: str = "shared") -> torch.Tensor:
     """V(s_t) for each response token t (the state before emitting it): (B, T) float32."""
-    return _response_outputs(value_model, batch, causal_lm=False, mode=_mode(mode, share_prompts)).squeeze(-1).float()
+    return _response_outputs(value_model, batch, causal_lm=False, mode=mode).squeeze(-1).float()

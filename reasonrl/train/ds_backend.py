@@ -4,9 +4,10 @@ Start it with a launcher, e.g. ``torchrun --nproc_per_node 2 -m reasonrl.cli tra
 (or ``deepspeed --no_local_rank --module reasonrl.cli train ...``); one process without a launcher
 also works (world size 1).
 
-How a step maps onto the engine. ``Loop`` already weights every micro-batch loss for its share of
-the *global* mini-batch and multiplies by the world size, because ZeRO averages gradients over
-ranks. So the engine runs with ``gradient_accumulation_steps = 1`` and every ``engine.backward`` is
+How a step maps onto the engine. The learner (``reasonrl.train.learner``) hands ``step`` micro-batches
+whose losses are already weighted for their share of the *global* mini-batch (token or row counts
+summed over ranks) and multiplied by the world size, because ZeRO averages gradients over ranks.
+So the engine runs with ``gradient_accumulation_steps = 1`` and every ``engine.backward`` is
 called with ``scale_wrt_gas=False`` (no division by the micro-batch count); the micro-batches of a
 mini-batch are accumulated by marking only the last one as the gradient-accumulation boundary
 (``engine.set_gradient_accumulation_boundary``), and ``engine.step()`` is called once per
@@ -211,8 +212,8 @@ class DeepSpeedBackend:
         """Accumulate every micro-batch's (already weighted) loss, then one optimizer step.
 
         Every rank must call this with the same number of micro-batches (ZeRO reduces gradients
-        inside backward). Metrics are summed over micro-batches and over ranks (``Loop`` scales
-        them by 1/world_size), so every rank returns the global values.
+        inside backward). Metrics are summed over micro-batches and over ranks (the learner's loss
+        functions scale them by 1/world_size), so every rank returns the global values.
         """
         n = len(micro_batches)
         metrics: dict[str, float] = {}
@@ -261,15 +262,6 @@ class DeepSpeedBackend:
     def scheduler_step(self) -> None:
         """Once per training step (rollout), as verl counts warm-up steps."""
         self.scheduler.step()
-
-    def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        if self.world_size == 1:
-            return x
-        y = x.detach().to(self.device) if self.device.type != "cpu" else x.detach().clone()
-        dist.all_reduce(y, op=dist.ReduceOp.SUM)
-        return y.to(x.device)
 
     # ---------------------------------------------------------------- weights
     @contextmanager

@@ -59,39 +59,39 @@ def test_shared_prompt_logits_and_gradients_equal_the_plain_forward(policy, rows
     full = build_batch(prompts, responses, pad_id=0)
     batch = full.select(range(len(prompts))[rows] if isinstance(rows, slice) else rows)
     res = {}
-    for share in (False, True):
+    for mode in ("plain", "shared"):
         policy.zero_grad()
-        logits = response_logits(policy, batch, share_prompts=share)
+        logits = response_logits(policy, batch, mode=mode)
         assert logits.shape == (*batch.response_ids.shape, policy.config.vocab_size)
         logp = logprobs_from_logits(logits, batch.response_ids)
         (logp * batch.valid).sum().backward()
         grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
-        res[share] = (logp * batch.valid, grads)
-    torch.testing.assert_close(res[True][0], res[False][0], atol=1e-5, rtol=1e-5)
-    assert res[True][1].keys() == res[False][1].keys()
-    for n in res[False][1]:
-        torch.testing.assert_close(res[True][1][n], res[False][1][n], atol=1e-5, rtol=1e-4, msg=n)
+        res[mode] = (logp * batch.valid, grads)
+    torch.testing.assert_close(res["shared"][0], res["plain"][0], atol=1e-5, rtol=1e-5)
+    assert res["shared"][1].keys() == res["plain"][1].keys()
+    for n in res["plain"][1]:
+        torch.testing.assert_close(res["shared"][1][n], res["plain"][1][n], atol=1e-5, rtol=1e-4, msg=n)
 
 
 def test_shared_prompt_values_equal_the_plain_forward(critic) -> None:
     prompts, responses = _groups(1)
     batch = build_batch(prompts, responses, pad_id=0)
-    plain = response_values(critic, batch, share_prompts=False)
-    shared = response_values(critic, batch, share_prompts=True)
+    plain = response_values(critic, batch, mode="plain")
+    shared = response_values(critic, batch, mode="shared")
     assert shared.shape == batch.response_ids.shape
     torch.testing.assert_close(shared * batch.valid, plain * batch.valid, atol=1e-5, rtol=1e-5)
 
 
 def test_one_token_responses(policy) -> None:
     batch = build_batch([[5, 6, 7]] * 3, [[9], [10], [11]], pad_id=0)
-    torch.testing.assert_close(response_logits(policy, batch), response_logits(policy, batch, share_prompts=False), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(response_logits(policy, batch), response_logits(policy, batch, mode="plain"), atol=1e-5, rtol=1e-5)
 
 
 def test_one_token_prompts_and_all_distinct_prompts(policy) -> None:
     """One-token prompts (pass 1 gets a masked pad column) and a batch where no prompt repeats."""
     for prompts, responses in (([[5]] * 3, [[9, 4], [10], [11, 12, 13]]), ([[5, 6], [7, 8, 9], [4]], [[9, 4], [10], [11, 12]])):
         batch = build_batch(prompts, responses, pad_id=0)
-        want = response_logits(policy, batch, share_prompts=False) * batch.valid[..., None]
+        want = response_logits(policy, batch, mode="plain") * batch.valid[..., None]
         torch.testing.assert_close(response_logits(policy, batch) * batch.valid[..., None], want, atol=1e-5, rtol=1e-5)
 
 

@@ -1,6 +1,6 @@
 """The DeepSpeed ZeRO backend with real DeepSpeed and real processes (gloo on CPU; no mocks).
 
-* Update equivalence on fixed rollouts: the real ``Loop`` update (prepare → GRPO advantages →
+* Update equivalence on fixed rollouts: the real ``Learner`` update (prepare → GRPO advantages →
   update_policy → scheduler_step, 2 PPO epochs, micro-batch accumulation, grad clipping, LR warm-up)
   for 3 steps, TorchBackend in one process vs DeepSpeedBackend in 2 processes (each rank holds half
   of the groups) for ZeRO-2, ZeRO-3 and ZeRO-3 with CPU offload: per-step loss, grad norm, LR and the
