@@ -25,7 +25,7 @@ its own forward makes them (:func:`mask_windows`); a model whose attention the m
 reproduce (:func:`packing_problem`: chunked or bidirectional attention, other layer types, an
 attention implementation that takes no 4D mask) is never packed: ``auto`` runs it padded, an
 explicit ``packed`` is refused. ``mode="auto"`` picks shared or
-packed per micro-batch from token counts (:func:`forward_mode`); the trainer picks once per pass
+packed per micro-batch from token counts (:func:`cheapest_mode`); the trainer picks once per pass
 over a step's or a mini-batch's micro-batches, from every rank's counts (:func:`pass_mode`), so
 that ZeRO-3's ranks make the same forward calls.
 """
@@ -429,9 +429,10 @@ def cheapest(costs: dict[str, float], *, shared: bool = True) -> str:
     return "packed" if costs["packed"] < costs[other] else other
 
 
-def forward_mode(batch: Batch, cost: ForwardCost, *, shared: bool = True) -> str:
+def cheapest_mode(batch: Batch, cost: ForwardCost, *, shared: bool = True) -> str:
     """``auto``'s choice for one micro-batch: ``packed`` or ``shared`` (``plain`` when ``shared``
-    is False), whichever :func:`forward_costs` puts cheaper.
+    is False), whichever :func:`forward_costs` puts cheaper. (Not the ``forward_mode`` setting,
+    ``--forward-mode``, which names the mode or asks for ``auto``.)
 
     ZeRO-3: packed makes one forward call per micro-batch, shared two, and every rank must make
     the same calls. Per micro-batch this choice is local: the trainer uses :func:`pass_mode`,
@@ -489,7 +490,7 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, mode: str) -
         raise ValueError(f"forward mode {mode!r}: use one of {', '.join(MODES)}")
     if mode == "auto":
         mode = (padded_mode(model) if packing_problem(_config(model)) else
-                forward_mode(batch, ForwardCost.of(_config(model), causal_lm=causal_lm), shared=not _checkpointing(model)))
+                cheapest_mode(batch, ForwardCost.of(_config(model), causal_lm=causal_lm), shared=not _checkpointing(model)))
     if mode == "packed":
         return _packed_outputs(model, batch, causal_lm=causal_lm)
     return _shared_outputs(model, batch, causal_lm=causal_lm, share_prompts=mode == "shared")
@@ -498,8 +499,9 @@ def _response_outputs(model: Any, batch: Batch, *, causal_lm: bool, mode: str) -
 def response_logits(model: Any, batch: Batch, *, mode: str = "shared") -> torch.Tensor:
     """Logits scoring each response token: (B, T, V). ``mode``: ``plain`` one forward over the
     padded rows; ``shared`` (the default) each distinct prompt into a KV cache, then the responses
-    on it; ``packed`` one padding-free sequence; ``auto`` the cheapest of these by :func:`forward_mode` (per micro-batch: see its
-    docstring for ZeRO-3). Off the valid tokens the numbers are finite (zero in packed mode)."""
+    on it; ``packed`` one padding-free sequence; ``auto`` the cheapest of these by
+    :func:`cheapest_mode` (per micro-batch: see its docstring for ZeRO-3). Off the valid tokens
+    the numbers are finite (zero in packed mode)."""
     return _response_outputs(model, batch, causal_lm=True, mode=mode)
 
 

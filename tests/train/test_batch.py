@@ -196,26 +196,26 @@ def test_packed_under_gradient_checkpointing(tiny_model) -> None:
     _assert_same(model, build_batch(prompts, responses, pad_id=0), modes=("plain",))
 
 
-def test_forward_mode_follows_the_padding() -> None:
+def test_cheapest_mode_follows_the_padding() -> None:
     """Packed where padding dominates (one long row among short ones, little attention); where
     every row is full length, packed with per-segment attention (each response against its own
     prompt: the shared mode's pairs, without its second call), shared against the dense N × N
     attention over one long packed sequence (gradient checkpointing: plain or packed)."""
-    from reasonrl.train.batch import PACKED_MAX_TOKENS, ForwardCost, cheapest, forward_costs, forward_mode
+    from reasonrl.train.batch import PACKED_MAX_TOKENS, ForwardCost, cheapest, cheapest_mode, forward_costs
 
     gemm_heavy = ForwardCost(token=1e9, pair=1e3, head=1e7)
     attn_heavy = ForwardCost(token=1e6, pair=1e5, head=1e5)
     tail = build_batch([[5] * 50] * 8, [[7] * 500] + [[7] * 10] * 7, pad_id=0)
     full = build_batch([[5] * 50] * 8, [[7] * 500] * 8, pad_id=0)
-    assert forward_mode(tail, gemm_heavy) == "packed"
-    assert forward_mode(full, attn_heavy) == "packed"
+    assert cheapest_mode(tail, gemm_heavy) == "packed"
+    assert cheapest_mode(full, attn_heavy) == "packed"
     dense = forward_costs(full, attn_heavy, per_segment=False)
     assert dense["shared"] < dense["packed"] and forward_costs(full, attn_heavy)["packed"] < dense["shared"]
-    assert forward_mode(full, attn_heavy, shared=False) in ("plain", "packed")
+    assert cheapest_mode(full, attn_heavy, shared=False) in ("plain", "packed")
     c = forward_costs(tail, gemm_heavy)
     assert c["packed"] < min(c["shared"], c["plain"])
     huge = build_batch([[5] * 50] * 2, [[7] * (PACKED_MAX_TOKENS // 2)] * 2, pad_id=0)  # its N × N mask is too big
-    assert forward_costs(huge, gemm_heavy)["packed"] == float("inf") and forward_mode(huge, gemm_heavy) == "shared"
+    assert forward_costs(huge, gemm_heavy)["packed"] == float("inf") and cheapest_mode(huge, gemm_heavy) == "shared"
     assert cheapest({"plain": 3.0, "shared": 2.0, "packed": 1.0}) == "packed"
     assert cheapest({"plain": 3.0, "shared": 1.0, "packed": 2.0}) == "shared"
     assert cheapest({"plain": 1.5, "shared": 1.0, "packed": 2.0}, shared=False) == "plain"
