@@ -62,11 +62,14 @@ the weights it generated with.
 In-process side effects of vLLM are undone after construction: torch's global RNG state is
 restored and ``torch.set_num_threads`` (which vLLM's CPU worker replaces by a no-op) put back.
 Unseeded sampling then draws from torch's global generator of this process.
+
+vLLM 0.32's faults that this engine works around (CPU linear layers and a tied head after a weight
+sync, closing one engine of several or inside a trainer's process group, tensor-parallel
+shared-memory names) are in :mod:`reasonrl.engines.vllm_fixes`, each with its reason.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import logging
@@ -80,6 +83,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from reasonrl.console import error_line, library_bars
 from reasonrl.engines.base import Completion, ProgressFn, SamplingParams, eos_token_ids, model_config, prompt_seeds
+from reasonrl.engines.vllm_fixes import (guard_cpu_gemms, job_shm_names, keep_default_process_group, keep_parallel_state, onednn_as,
+                                          onednn_flag, repack_tied_lm_head)
 from reasonrl.errors import ReasonRLError
 
 log = logging.getLogger(__name__)
@@ -178,8 +183,8 @@ class VLLMEngine:
         self._join_launcher(kw, on_gpu=on_gpu)
         self._llm_kwargs = kw
         if not on_gpu:
-            _guard_cpu_gemms()
-        self._onednn = _onednn_flag()  # how this engine's layers were built: its reloads must build them alike
+            guard_cpu_gemms()
+        self._onednn = onednn_flag()  # how this engine's layers were built: its reloads must build them alike
         t0 = time.perf_counter()
         self.llm = self._construct(kw, on_gpu=on_gpu)
         _OPEN_ENGINES.add(self)
@@ -279,7 +284,7 @@ class VLLMEngine:
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if on_gpu else None
         try:
-            with _job_shm_names(self._shm_token):
+            with job_shm_names(self._shm_token):
                 return self._vllm.LLM(**kw)
         except Exception as e:  # noqa: BLE001 - any construction failure is reported with the fix
             raise ReasonRLError(f"vLLM could not load {self.model_dir} ({error_line(e)}): use --engine hf, or fix the vLLM setup") from e
@@ -415,10 +420,10 @@ class VLLMEngine:
         weights = items() if in_process else list(items())  # a generator cannot cross a process boundary
         t0 = time.perf_counter()
         self._wake(["weights"])
-        with torch.no_grad(), _onednn_as(self._onednn):
+        with torch.no_grad(), onednn_as(self._onednn):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             if self.tied_embeddings:
-                self.llm.apply_model(_repack_tied_lm_head)
+                self.llm.apply_model(repack_tied_lm_head)
         if self.prefix_caching and "kv_cache" not in self._asleep:  # (sleeping dropped the cache already)
             self.llm.reset_prefix_cache()
         self.last_update_seconds = time.perf_counter() - t0
@@ -446,7 +451,7 @@ class VLLMEngine:
         # vLLM's groups are process-wide and shared by every engine of this process: they go with
         # the last one (closing one of two engines broke the other's next generate).
         last = not _OPEN_ENGINES
-        with _keep_default_process_group(enabled=not self._owns_dist), _keep_parallel_state(enabled=not last):
+        with keep_default_process_group(enabled=not self._owns_dist), keep_parallel_state(enabled=not last):
             try:
                 llm.llm_engine.engine_core.shutdown()
             except Exception as e:  # noqa: BLE001 - best effort; the objects are dropped below anyway
@@ -496,7 +501,6 @@ class ProgressHook:
 
 
 _OPEN_ENGINES: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()  # this process's engines not yet closed
-_FIRST_ENGINE_THREADS: int | None = None  # torch's thread count when this process built its first CPU engine
 
 
 def _job_processes() -> int:
@@ -504,148 +508,6 @@ def _job_processes() -> int:
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _guard_cpu_gemms() -> None:
-    """vLLM 0.32 on CPU runs each linear layer through a oneDNN handler made at load (and again at
-    each ``reload_weights``). After an engine built under one torch thread count, an engine built
-    under another, once its weights were synced, sampled its multi-row decode steps from stale
-    weights (measured on a 2-core AMD EPYC without AVX-512, fp32: sampled log-probs 9-14 nats off
-    the synced model's, greedy single-row steps right; the same thread count: right;
-    ``tests/engines/test_vllm_weights.py``). So from the first engine built under another thread
-    count than the process's first engine on, layers go through torch's linear instead (decode
-    about 1.45x slower there). A process that keeps its thread count (a ``train`` run, the main
-    job) keeps oneDNN."""
-    global _FIRST_ENGINE_THREADS
-    import torch
-
-    threads = torch.get_num_threads()
-    if _FIRST_ENGINE_THREADS is None:
-        _FIRST_ENGINE_THREADS = threads
-        return
-    if threads != _FIRST_ENGINE_THREADS:
-        import vllm._custom_ops as ops
-
-        if getattr(ops, "_supports_onednn", False):
-            log.info("vLLM engine: torch threads %d, the process's first engine had %d: linear layers through torch, not oneDNN "
-                     "(stale weights after a sync)", threads, _FIRST_ENGINE_THREADS)
-            ops._supports_onednn = False
-
-
-def _onednn_flag() -> bool | None:
-    """vLLM's process-wide choice of oneDNN for CPU linear layers (None: not a CPU build)."""
-    try:
-        import vllm._custom_ops as ops
-    except ImportError:
-        return None
-    return getattr(ops, "_supports_onednn", None)
-
-
-@contextlib.contextmanager
-def _onednn_as(flag: bool | None) -> Iterator[None]:
-    """vLLM's oneDNN choice set to ``flag`` (an engine's, as built) for a reload, then restored: a
-    later engine's ``_guard_cpu_gemms`` turns it off process-wide, and an engine built with oneDNN
-    (its weights emptied into handlers) cannot reload through torch's linear (the layers' empty
-    weights: "size of tensor a (0) must match ... (64)", found by the suite's random order)."""
-    if flag is None:
-        yield
-        return
-    import vllm._custom_ops as ops
-
-    before = getattr(ops, "_supports_onednn", None)
-    ops._supports_onednn = flag
-    try:
-        yield
-    finally:
-        ops._supports_onednn = before
-
-
-def _repack_tied_lm_head(model: Any) -> int:
-    """Refresh a tied LM head's kernel-format weight after ``reload_weights`` (vLLM 0.32 on CPU).
-
-    On CPU, vLLM packs every GEMM weight at load time (oneDNN / sgl kernels), the LM head included.
-    With tied embeddings the reload writes only ``embed_tokens`` (the head is an alias it skips), so
-    the head's packed copy keeps the *old* weights: new hidden states, stale logits. Re-running the
-    head's post-load step repacks it from the (updated, shared) embedding. On GPU it is a no-op.
-    """
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
-
-    n = 0
-    for m in model.modules():
-        if isinstance(m, ParallelLMHead) and isinstance(getattr(m, "quant_method", None), UnquantizedEmbeddingMethod):
-            m.quant_method.process_weights_after_loading(m)
-            n += 1
-    return n
-
-
-@contextlib.contextmanager
-def _keep_parallel_state(enabled: bool) -> Iterator[None]:
-    """While active, an in-process engine core's shutdown frees its own objects but leaves vLLM's
-    process-wide parallel groups, which other open engines of this process still use."""
-    if not enabled:
-        yield
-        return
-    from vllm.v1.engine import core
-
-    orig = core.cleanup_dist_env_and_memory
-
-    def cleanup(shutdown_ray: bool = False) -> None:
-        gc.unfreeze()
-        gc.collect()
-
-    core.cleanup_dist_env_and_memory = cleanup
-    try:
-        yield
-    finally:
-        core.cleanup_dist_env_and_memory = orig
-
-
-@contextlib.contextmanager
-def _job_shm_names(token: str | None) -> Iterator[None]:
-    """While active (``token`` given), vLLM's CPU tensor-parallel workers put ``token`` in the names
-    of the shared-memory segments they all-reduce through.
-
-    vLLM 0.32 names them from the distributed init method, which under ``external_launcher`` is
-    always ``env://``, so every torchrun job of a machine uses the same names
-    (``/dev/shm/-tp:0-[0-1]-cpushm_0``, ...): a second job at the same time fails to create them
-    (errno 17, EEXIST), and a job that died (SIGKILL, abort) leaves them behind, which then refuses
-    every later job on the machine ("create shm in SHMManager failed"). A token drawn per engine
-    group gives each job its own; a dead job's segments are then only left over, not in the way.
-    (The ``//`` of ``env://`` goes: a shared-memory name holds no slash but a leading one.)"""
-    try:
-        from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
-    except ImportError:  # a vLLM without this CPU communicator: nothing to rename
-        _CPUSHMDistributed = None
-    if token is None or _CPUSHMDistributed is None:
-        yield
-        return
-    orig = _CPUSHMDistributed.__dict__["make_group_name"]
-    _CPUSHMDistributed.make_group_name = staticmethod(lambda communicator: f"reasonrl-{token}{orig.__func__(communicator).replace('/', '')}")
-    try:
-        yield
-    finally:
-        _CPUSHMDistributed.make_group_name = orig
-
-
-@contextlib.contextmanager
-def _keep_default_process_group(enabled: bool) -> Iterator[None]:
-    """While active, ``torch.distributed.destroy_process_group()`` (no group) leaves the default group."""
-    import torch.distributed as dist
-
-    if not enabled or not dist.is_available():
-        yield
-        return
-    orig = dist.destroy_process_group
-
-    def destroy(group: Any = None) -> None:
-        if group is not None and group is not dist.group.WORLD:
-            orig(group)
-
-    dist.destroy_process_group = destroy
-    try:
-        yield
-    finally:
-        dist.destroy_process_group = orig
 
 
 def _sampled_logprobs(lp: Any, ids: list[int]) -> list[float]:

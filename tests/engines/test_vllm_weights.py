@@ -106,7 +106,7 @@ def test_an_engine_after_another_in_the_process_samples_its_synced_weights(tiny_
     """vLLM 0.32 on CPU (oneDNN GEMM handlers): after an engine built under 2 torch threads, an
     engine built under 1 and then synced sampled its multi-row steps from stale weights (sampled
     log-probs 9-14 nats off; greedy right), as the suite's random order made happen (the engine
-    tests run at 1 thread, others at 2). ``vllm_engine._guard_cpu_gemms`` builds torch-linear
+    tests run at 1 thread, others at 2). ``vllm_fixes.guard_cpu_gemms`` builds torch-linear
     layers then; this is the scenario (the root conftest puts the thread count back)."""
     from reasonrl.engines.vllm_engine import VLLMEngine
     from reasonrl.models import load_causal_lm
@@ -139,7 +139,7 @@ def test_an_engine_still_reloads_after_a_later_engine_turned_onednn_off(tiny_mod
     suite's random order) and sample the synced weights."""
     import vllm._custom_ops as ops
 
-    from reasonrl.engines import vllm_engine
+    from reasonrl.engines import vllm_fixes
     from reasonrl.engines.vllm_engine import VLLMEngine
     from reasonrl.models import load_causal_lm
 
@@ -149,7 +149,7 @@ def test_an_engine_still_reloads_after_a_later_engine_turned_onednn_off(tiny_mod
     # guard may have turned it off), `second` under another count. The guard's record of the first
     # engine is left as the process made it: resetting it let a later test build a oneDNN engine
     # under another count than `first`'s, whose synced weights were then stale (random order).
-    threads = vllm_engine._FIRST_ENGINE_THREADS or torch.get_num_threads()
+    threads = vllm_fixes.first_engine_threads() or torch.get_num_threads()
     monkeypatch.setattr(ops, "_supports_onednn", True)
     prompt = tiny_tok(PROMPT, add_special_tokens=False)["input_ids"]
     target = tiny_tok(TARGET, add_special_tokens=False)["input_ids"]
