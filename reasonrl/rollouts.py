@@ -117,13 +117,10 @@ def generate_rollouts(
     Progress goes to ``display`` (a ``reasonrl.progress.Display``; default: the current one, if
     any): a generation bar fed by the engine's ``progress`` callback (responses done of all, tok/s,
     ETA) and a scoring line. Without a display the engine gets one plain call, as always."""
-    from reasonrl.models.tokens import fitting_ids
-
     stats = RolloutStats()
     texts, ids, kept = [], [], []
     for i, row in enumerate(rows):
-        text = prompt_text(row, tokenizer)
-        tok_ids = fitting_ids(text, tokenizer, max_prompt_len)  # (a prompt far too long is not tokenised)
+        text, tok_ids = fit_prompt(row, tokenizer, max_prompt_len)
         if tok_ids is None:
             stats.skipped_long_prompts += 1
             continue
@@ -132,30 +129,46 @@ def generate_rollouts(
         kept.append(i)
     if params.seeds is not None and len(kept) < len(rows):
         params = dataclasses.replace(params, seeds=tuple(params.seeds[i] for i in kept))
-    t0 = time.perf_counter()
-    # Called even with no prompt left: with --engine-tp N, generate is collective over the N ranks of
-    # an engine group (each brings its prompts, the group generates their union).
-    with phase("generate", len(ids) * params.n, unit=f"responses ({len(ids)} prompts × {params.n})", display=display) as bar:
-        outs = engine.generate(ids, params, progress=None if bar is None else bar.generated)
-    stats.gen_seconds = time.perf_counter() - t0
-    if not kept:
-        return [], stats
-    groups: list[list[Sample]] = []
-    flat: list[Sample] = []
-    for g, (i, text, p_ids, comps) in enumerate(zip(kept, texts, ids, outs)):
-        row = rows[i]
-        group = []
-        for c in comps:
-            s = new_sample(tokenizer, row, group=group_ids[i] if group_ids is not None else g, prompt_index=row_offset + i, prompt=text,
-                           prompt_ids=p_ids, response_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason)
-            group.append(s)
-            flat.append(s)
-        groups.append(group)
+    outs = generate_timed(engine, ids, params, stats, unit=f"responses ({len(ids)} prompts × {params.n})", display=display)
+    groups = [[new_sample(tokenizer, rows[i], group=group_ids[i] if group_ids is not None else g, prompt_index=row_offset + i, prompt=text,
+                          prompt_ids=p_ids, response_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason) for c in comps]
+              for g, (i, text, p_ids, comps) in enumerate(zip(kept, texts, ids, outs))]
     stats.prompts = len(groups)
-    stats.samples = len(flat)
-    stats.gen_tokens = sum(s.length for s in flat)
-    score_samples(scorer, flat, [rows[s.prompt_index - row_offset] for s in flat], stats, display=display)
+    stats.gen_tokens = sum(s.length for g in groups for s in g)
+    score_groups(scorer, groups, [rows[i] for i in kept], stats, display=display)
     return groups, stats
+
+
+def fit_prompt(row: dict[str, Any], tokenizer: Any, max_prompt_len: int) -> tuple[str, list[int] | None]:
+    """``row``'s chat-formatted prompt and its token ids; None for the ids when the prompt is longer
+    than ``max_prompt_len`` (one with more characters than that many tokens can have is not
+    tokenised: :func:`reasonrl.models.tokens.fitting_ids`)."""
+    from reasonrl.models.tokens import fitting_ids
+
+    text = prompt_text(row, tokenizer)
+    return text, fitting_ids(text, tokenizer, max_prompt_len)
+
+
+def generate_timed(engine: GenerationEngine, prompts: Sequence[Sequence[int]], params: SamplingParams, stats: RolloutStats, *, unit: str,
+                   display: Any = None) -> list[Any]:
+    """One engine call: ``params.n`` completions of each of ``prompts`` (token ids), behind a
+    generation bar of ``len(prompts) × params.n`` responses (``unit`` names them); its time is added
+    to ``stats.gen_seconds``. Made even with no prompt: with --engine-tp N, generate is collective
+    over the N ranks of an engine group (each brings its prompts, the group generates their union)."""
+    t0 = time.perf_counter()
+    with phase("generate", len(prompts) * params.n, unit=unit, display=display) as bar:
+        outs = engine.generate(prompts, params, progress=None if bar is None else bar.generated)
+    stats.gen_seconds += time.perf_counter() - t0
+    return outs
+
+
+def score_groups(scorer: Any, groups: Sequence[Sequence[Sample]], rows: Sequence[dict[str, Any]], stats: RolloutStats, *, display: Any = None) -> None:
+    """Score every sample of ``groups`` (``rows[i]``: group i's prepared row) with
+    :func:`score_samples`, counted in ``stats.samples``; the scorer is not called for no sample."""
+    flat = [s for g in groups for s in g]
+    if flat:
+        score_samples(scorer, flat, [row for g, row in zip(groups, rows) for _ in g], stats, display=display)
+    stats.samples += len(flat)
 
 
 def new_sample(tokenizer: Any, row: dict[str, Any], *, group: int, prompt_index: int, prompt: str, prompt_ids: Sequence[int],

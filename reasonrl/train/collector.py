@@ -15,10 +15,14 @@ on an equal share: a rank keeps its own up to the share, the surplus moves to ra
 and when the total does not divide, the short ranks get a padding copy (no loss, no metric) rather
 than any informative group being thrown away.
 
-Partial rollouts (``train --partial-rollout-len S``, :mod:`reasonrl.train.partial`): each round is
-one segment of S tokens over the round's new prompts and every response still going; a group joins
-the batch once its G responses have finished, and what is still going when the batch is full is
-continued in the next step. The pool is the same on every rank and part of :meth:`Collector.state`.
+The loop is one; where its rounds come from is the only difference (:class:`RoundSource`, said by
+:attr:`Collected.kind`). Whole responses (:class:`WholeRounds`): each round generates its prompts'
+responses to their end. Partial rollouts (``train --partial-rollout-len S``, :class:`SegmentRounds`
+over the pool of :mod:`reasonrl.train.partial`): each round is one segment of S tokens over the
+round's new prompts and every response still going; a group joins the batch once its G responses
+have finished, the finished groups beyond the batch wait in the pool for the next step (taken
+first), and what is still going is continued then. The pool is the same on every rank and part of
+:meth:`Collector.state`.
 
 Every random stream is derived, not carried: prompt ``p`` of round ``r`` of step ``s`` samples with
 seed ``mix(seed, s, r, draw index)`` (the engine's per-request seeds), so a resumed run draws the
@@ -28,9 +32,9 @@ same tokens as an uninterrupted one and no rank's tokens depend on another's.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -38,8 +42,7 @@ import torch
 
 from reasonrl import algos as A
 from reasonrl.engines.base import SamplingParams
-from reasonrl.progress import phase
-from reasonrl.rollouts import RolloutStats, Sample, generate_rollouts, new_sample, prompt_text, score_samples
+from reasonrl.rollouts import RolloutStats, Sample, fit_prompt, generate_rollouts, generate_timed, new_sample, score_groups
 from reasonrl.train.partial import OpenGroup, PartialPool, Piece
 from reasonrl.train.ranks import Ranks, mix
 
@@ -109,6 +112,14 @@ class DataStream:
         self._order = self._perm()
 
 
+class Collection(enum.Enum):
+    """How a batch was collected (:attr:`Collected.kind`); the value names it in messages."""
+
+    WHOLE = "dynamic sampling"  # rounds of whole responses (dynamic sampling's rounds, or one round without it)
+    SEGMENTS = "collection (partial rollouts)"  # rounds of one segment over the pool (--partial-rollout-len)
+    REPLAY = "replay"  # saved groups served again (:class:`Replay`)
+
+
 @dataclass
 class Collected:
     """One step's collection. ``groups``: this rank's share of the kept groups (padding copies
@@ -116,6 +127,7 @@ class Collected:
 
     groups: list[list[Sample]]
     stats: RolloutStats
+    kind: Collection = Collection.WHOLE
     generated: list[Sample] = field(default_factory=list)
     rounds: int = 0
     wanted: int = 0  # groups asked for, over all ranks
@@ -126,13 +138,13 @@ class Collected:
     dropped_all_correct: int = 0
     dropped_all_wrong: int = 0
     retired: int | None = None  # prompts retired as solved so far (--skip-solved-epochs; None when off)
-    partial: dict[str, float] = field(default_factory=dict)  # the rollout/partial_… metrics (--partial-rollout-len; empty when off)
-    born: dict[int, int] = field(default_factory=dict)  # each kept group's draw index → the step that began it, in batch order (--partial-rollout-len)
+    pool_metrics: dict[str, float] = field(default_factory=dict)  # the rollout/partial_… metrics (--partial-rollout-len; empty when off)
+    born: dict[int, int] = field(default_factory=dict)  # each kept group's draw index → the step that began it, in batch order
 
     @property
     def label(self) -> str:
         """What collected this batch, for messages."""
-        return "collection (partial rollouts)" if self.partial else "dynamic sampling"
+        return self.kind.value
 
     @property
     def kept_frac(self) -> float:
@@ -163,11 +175,153 @@ def shape_rewards(groups: list[list[Sample]], *, overlong_penalty: bool, max_len
         s.shaped_reward = s.reward + float(p)
 
 
+class RoundSource:
+    """Where a collection's rounds come from (:meth:`Collector.collect` runs the one loop over it):
+    what it carries in from earlier steps, each round's finished groups, what it keeps of those
+    beyond the batch. This base carries nothing and keeps nothing; :meth:`round` is the source's.
+
+    ``round(rows, row_ids, start, step=, rnd=, stats=)``: round ``rnd`` of step ``step`` over the
+    prompts just drawn (``rows``, their stream rows ``row_ids``, draw indices from ``start``);
+    returns this rank's finished groups, scored, and each finished group's ``(row, born)`` by draw
+    index, every rank's. The round's counts and times go to ``stats``."""
+
+    kind = Collection.WHOLE
+
+    def __init__(self, *, engine: Any, tokenizer: Any, scorer: Any, sampling: SamplingParams, max_prompt_len: int, seed: int, ranks: Ranks) -> None:
+        self.engine, self.tok, self.scorer, self.sampling = engine, tokenizer, scorer, sampling
+        self.max_prompt_len, self.seed, self.ranks = max_prompt_len, seed, ranks
+
+    def round_cap(self, max_rounds: int, dynamic: bool) -> int:
+        """The most rounds a collection runs (``max_rounds``: --max-gen-rounds)."""
+        return max_rounds
+
+    def begin(self, n_prompts: int, step: int) -> list[tuple[int, list[Sample]]]:
+        """Up to ``n_prompts`` finished groups waiting from earlier steps, ``(born, group)`` in batch order."""
+        return []
+
+    def round(self, rows: list[Any], row_ids: list[int], start: int, *, step: int, rnd: int,
+              stats: RolloutStats) -> tuple[list[list[Sample]], dict[int, tuple[int, int]]]:
+        raise NotImplementedError
+
+    def defer(self, surplus: list[int], mine: dict[int, list[Sample]], origin: dict[int, tuple[int, int]]) -> list[int]:
+        """Groups finished beyond the batch (``surplus``, draw indices; this rank's in ``mine``):
+        those kept for the next step (none: not kept)."""
+        return []
+
+    def metrics(self, out: Collected, step: int) -> dict[str, float]:
+        """The source's metrics of the collection ``out`` (:attr:`Collected.pool_metrics`)."""
+        return {}
+
+    def keep_back(self, col: Collected) -> int:
+        """(See :meth:`Collector.keep_back`: nothing to keep.)"""
+        return 0
+
+
+class WholeRounds(RoundSource):
+    """Rounds of whole responses (no partial rollouts): each round generates ``G`` responses to
+    their end for each of its prompts (this rank its share, ``rows[rank::world]``) in one engine
+    call (:func:`reasonrl.rollouts.generate_rollouts`), and scores them. Without dynamic sampling
+    one round makes the batch; the groups beyond it are not kept."""
+
+    def round_cap(self, max_rounds: int, dynamic: bool) -> int:
+        return max_rounds if dynamic else 1
+
+    def round(self, rows: list[Any], row_ids: list[int], start: int, *, step: int, rnd: int,
+              stats: RolloutStats) -> tuple[list[list[Sample]], dict[int, tuple[int, int]]]:
+        rank, world = self.ranks.rank, self.ranks.world
+        share = list(range(rank, len(rows), world))
+        draws = [start + p for p in share]  # (unique: retired rows skipped advance the stream further)
+        params = dataclasses.replace(self.sampling, seeds=tuple(mix(self.seed, step, rnd, d) for d in draws))
+        groups, st = generate_rollouts(self.engine, self.tok, self.scorer, [rows[p] for p in share], params,
+                                       max_prompt_len=self.max_prompt_len, group_ids=draws)
+        stats.merge(st)
+        return groups, {start + p: (rid, step) for p, rid in enumerate(row_ids)}
+
+
+class SegmentRounds(RoundSource):
+    """The rounds' source with partial rollouts (:mod:`reasonrl.train.partial`): the pool is its
+    state. A collection first takes the finished groups waiting from earlier steps; each round adds
+    its new prompts to the pool and generates one segment (S tokens) of every response still going
+    (this rank its share); the groups it finishes are scored (this rank its share of them), those
+    beyond the batch wait in the pool for the next step. The round cap holds with or without dynamic
+    sampling (a round need not finish a group)."""
+
+    kind = Collection.SEGMENTS
+
+    def __init__(self, pool: PartialPool, *, rows: list[Any], max_staleness: int | None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.pool, self.rows, self.max_staleness = pool, rows, max_staleness
+        self.decode_steps = 0  # the engine's decode steps over a collection's rounds (each round: its longest segment)
+        self.regenerated: int | None = None
+
+    def begin(self, n_prompts: int, step: int) -> list[tuple[int, list[Sample]]]:
+        # --max-staleness K: what this step trains lags its policy by at most K versions (the responses older restart)
+        self.regenerated = self.pool.enforce(step, self.max_staleness) if self.max_staleness is not None else None
+        self.decode_steps = 0
+        return self.pool.take_ready(n_prompts)
+
+    def round(self, rows: list[Any], row_ids: list[int], start: int, *, step: int, rnd: int,
+              stats: RolloutStats) -> tuple[list[list[Sample]], dict[int, tuple[int, int]]]:
+        pool, rank, world = self.pool, self.ranks.rank, self.ranks.world
+        for p, (row, rid) in enumerate(zip(rows, row_ids)):  # (every rank adds every prompt: the pool is the same on every rank)
+            text, ids = fit_prompt(row, self.tok, self.max_prompt_len)
+            if ids is None:
+                stats.skipped_long_prompts += int(p % world == rank)  # (a rank counts its share, as without segments)
+                continue
+            stats.prompts += int(p % world == rank)
+            pool.add(OpenGroup(draw=start + p, row=rid, born=step, prompt=text, prompt_ids=ids, pieces=[Piece() for _ in range(self.sampling.n)]))
+        work = pool.work()[rank::world]
+        params = dataclasses.replace(self.sampling, n=1, max_tokens=pool.segment, seeds=tuple(mix(self.seed, step, rnd, d, j) for d, j in work))
+        outs = generate_timed(self.engine, [pool.prompt_of(d, j) for d, j in work], params, stats, unit=f"responses (up to {pool.segment} tokens each)")
+        done = [(d, j, list(c[0].token_ids), list(c[0].logprobs), c[0].finish_reason) for (d, j), c in zip(work, outs)]
+        stats.gen_tokens += sum(len(r[2]) for r in done)
+        everyone_done = [r for part in self.ranks.gather(done) for r in part]
+        self.decode_steps += max((len(r[2]) for r in everyone_done), default=0)
+        finished = pool.apply(everyone_done, version=step)
+        ours = finished[rank::world]
+        groups = [[new_sample(self.tok, self.rows[g.row], group=g.draw, prompt_index=g.row, prompt=g.prompt, prompt_ids=g.prompt_ids,
+                              response_ids=pc.ids, logprobs=pc.logprobs, finish_reason=pc.finish, versions=pc.versions) for pc in g.pieces] for g in ours]
+        score_groups(self.scorer, groups, [self.rows[g.row] for g in ours], stats)
+        return groups, {g.draw: (g.row, g.born) for g in finished}
+
+    def defer(self, surplus: list[int], mine: dict[int, list[Sample]], origin: dict[int, tuple[int, int]]) -> list[int]:
+        """Groups finished beyond the batch wait in the pool for the next step, marked kept: every
+        rank keeps a copy (one gather)."""
+        if surplus:
+            extra = [[dataclasses.replace(s, kept=True) for s in mine[d]] for d in surplus if d in mine]
+            self.pool.defer(sorted(((origin[g[0].group][1], g) for part in self.ranks.gather(extra) for g in part), key=lambda bg: bg[1][0].group))
+        return surplus
+
+    def metrics(self, out: Collected, step: int) -> dict[str, float]:
+        """The rollout/partial_… metrics (the pool is the same on every rank)."""
+        pool = self.pool
+        m = {"rollout/partial_open_groups": len(pool.open), "rollout/partial_open_responses": pool.open_responses,
+             "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_carried_groups": out.carried_groups,
+             "rollout/partial_deferred_groups": out.deferred_groups, "rollout/partial_decode_steps": self.decode_steps,
+             "rollout/partial_stale_frac": sum(b < step for b in out.born.values()) / len(out.born) if out.born else 0.0}
+        if self.regenerated is not None:
+            m["rollout/partial_stale_regenerated"] = self.regenerated
+        return m
+
+    def keep_back(self, col: Collected) -> int:
+        """Put ``col``'s finished groups back at the front of the pool's waiting line (see
+        :meth:`Collector.keep_back`)."""
+        if not col.born:
+            return 0
+        order = {d: i for i, d in enumerate(col.born)}
+        mine = [g for g in col.groups if not g[0].pad]
+        everyone = sorted((g for part in self.ranks.gather(mine) for g in part), key=lambda g: order[g[0].group])
+        self.pool.put_back([(col.born[g[0].group], g) for g in everyone])
+        col.pool_metrics["rollout/partial_ready_groups"] = len(self.pool.ready)
+        col.pool_metrics["rollout/partial_kept_back_groups"] = len(everyone)
+        return len(everyone)
+
+
 class Collector:
     """Rollout → reward → dynamic sampling, for the whole run (this rank generates its share).
 
     Args:
-        spec: the algo's row (dynamic_sampling, overlong_penalty are read from it).
+        spec: the algo's row (dynamic_sampling, overlong_penalty, max_staleness are read from it).
         engine, tokenizer, scorer: generation and the rule reward.
         stream: where prompts come from (the same on every rank).
         sampling: G (``n``), temperature, top-p/k, L_max (``max_tokens``).
@@ -178,17 +332,22 @@ class Collector:
         ranks: this process among the run's processes.
         partial_len: S > 0: partial rollouts (``reasonrl.train.partial``), S tokens per response and
             round; 0: every response generated whole in one round.
+
+    The rounds' source (:attr:`source`) is the one difference between the two: a
+    :class:`WholeRounds`, or a :class:`SegmentRounds` over its pool (:attr:`pool`; None without).
     """
 
     def __init__(self, *, spec: A.AlgoSpec, engine: Any, tokenizer: Any, scorer: Any, stream: DataStream, sampling: SamplingParams,
                  max_prompt_len: int, overlong_cache_len: int, oversample: float = 1.0, max_rounds: int = 1, seed: int = 0,
                  ranks: Ranks | None = None, partial_len: int = 0) -> None:
-        self.spec, self.engine, self.tok, self.scorer, self.stream = spec, engine, tokenizer, scorer, stream
-        self.sampling, self.max_prompt_len, self.cache_len = sampling, max_prompt_len, overlong_cache_len
-        self.oversample, self.max_rounds, self.seed = oversample, max_rounds, seed
+        self.spec, self.stream, self.sampling, self.cache_len = spec, stream, sampling, overlong_cache_len
+        self.oversample, self.max_rounds = oversample, max_rounds
         self.ranks = ranks or Ranks()
         self.pool = (PartialPool(partial_len, sampling.max_tokens, context_len=getattr(engine, "max_model_len", None))  # (vLLM's; None: no known limit)
                      if partial_len and partial_len < sampling.max_tokens else None)
+        kw = dict(engine=engine, tokenizer=tokenizer, scorer=scorer, sampling=sampling, max_prompt_len=max_prompt_len, seed=seed, ranks=self.ranks)
+        self.source = (WholeRounds(**kw) if self.pool is None else
+                       SegmentRounds(self.pool, rows=stream.rows, max_staleness=spec.max_staleness, **kw))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of collection: the data position (and the partial rollouts' pool)."""
@@ -200,136 +359,53 @@ class Collector:
             self.pool.load(st.get("partial", {}))
 
     def collect(self, n_prompts: int, *, step: int = 0, dynamic: bool | None = None) -> Collected:
-        """Generate until ``n_prompts`` groups (over all ranks) are kept, or the round cap is hit."""
+        """Generate until ``n_prompts`` groups (over all ranks) are kept, or the round cap is hit.
+
+        The finished groups waiting from earlier steps first (partial rollouts), then rounds: each
+        draws ceil(still-needed × oversample) new prompts (no over-sampling without dynamic
+        sampling) and gives the groups its source finished, scored; the ranks agree on them, dynamic
+        sampling drops the uninformative ones, the first in draw order fill the batch, and those
+        beyond it are deferred to the next step (partial rollouts) or not kept."""
         dynamic = self.spec.dynamic_sampling if dynamic is None else dynamic
-        if self.pool is not None:
-            return self._collect_partial(n_prompts, step=step, dynamic=dynamic)
-        rank, world = self.ranks.rank, self.ranks.world
-        out = Collected(groups=[], stats=RolloutStats(), wanted=n_prompts)
-        mine: dict[int, list[Sample]] = {}  # draw index → this rank's kept groups
-        selected: list[tuple[int, int]] = []  # (draw index, generating rank) of the kept groups, in draw order
-        need = n_prompts
-        while need > 0 and out.rounds < (self.max_rounds if dynamic else 1):
+        src, rank, world = self.source, self.ranks.rank, self.ranks.world
+        out = Collected(groups=[], stats=RolloutStats(), wanted=n_prompts, kind=src.kind)
+        mine: dict[int, list[Sample]] = {}  # draw index → this rank's finished groups
+        selected: list[tuple[int, int]] = []  # (draw index, generating rank) of the kept groups, in batch order
+        deferred: list[int] = []  # groups finished beyond the batch (trained next step)
+        for i, (born, g) in enumerate(src.begin(n_prompts, step)):
+            selected.append((g[0].group, i % world))
+            out.born[g[0].group] = born
+            if i % world == rank:
+                mine[g[0].group] = g
+        out.carried_groups = len(selected)
+        need = n_prompts - len(selected)
+        while need > 0 and out.rounds < src.round_cap(self.max_rounds, dynamic):
             k = math.ceil(need * (self.oversample if dynamic else 1.0))
             start = self.stream.drawn
             rows, row_ids = self.stream.take(k)
-            share = list(range(rank, k, world))
-            draws = [start + p for p in share]  # (unique: retired rows skipped advance the stream further)
-            params = dataclasses.replace(self.sampling, seeds=tuple(mix(self.seed, step, out.rounds, d) for d in draws))
-            groups, st = generate_rollouts(self.engine, self.tok, self.scorer, [rows[p] for p in share], params,
-                                           max_prompt_len=self.max_prompt_len, group_ids=draws)
-            out.stats.merge(st)
+            groups, origin = src.round(rows, row_ids, start, step=step, rnd=out.rounds, stats=out.stats)
             out.rounds += 1
             shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
             out.generated.extend(s for g in groups for s in g)
             everyone = self._agree(groups)
             out.generated_groups += len(everyone)
             for draw, _, n_corr, size, _ in everyone:  # (--skip-solved-epochs: every rank keeps the same streaks)
-                self.stream.visit(row_ids[draw - start], n_corr == size)
-            for draw, owner, n_corr, size, useful in everyone:
-                if dynamic and not useful:
-                    out.drop(n_corr, size)
-                    continue
-                if len(selected) < n_prompts:
-                    selected.append((draw, owner))
+                self.stream.visit(origin[draw][0], n_corr == size)
             for g in groups:
                 mine[g[0].group] = g
-            need = n_prompts - len(selected)
-        return self._close(out, selected, mine)
-
-    def _collect_partial(self, n_prompts: int, *, step: int, dynamic: bool) -> Collected:
-        """:meth:`collect` with partial rollouts: the finished groups waiting from earlier steps
-        first, then rounds of one segment (S tokens) each over the new prompts and every response
-        still going, until ``n_prompts`` groups are kept or the round cap is hit. Each round draws
-        ceil(still-needed × oversample) new prompts (no over-sampling without dynamic sampling).
-        Groups finished beyond the batch wait for the next step; responses still going stay in the
-        pool. Every rank generates its share of the round's responses and scores its share of the
-        groups it finished."""
-        from reasonrl.models.tokens import fitting_ids
-
-        pool, rank, world = self.pool, self.ranks.rank, self.ranks.world
-        assert pool is not None
-        out = Collected(groups=[], stats=RolloutStats(), wanted=n_prompts)
-        mine: dict[int, list[Sample]] = {}
-        selected: list[tuple[int, int]] = []
-        stale = 0  # kept groups begun in an earlier step
-        decode_steps = 0  # the engine's decode steps over the step's rounds (each round: its longest segment)
-        deferred: list[int] = []  # groups finished beyond the batch (trained next step)
-        # --max-staleness K: what this step trains lags its policy by at most K versions (the responses older restart)
-        regenerated = pool.enforce(step, self.spec.max_staleness) if self.spec.max_staleness is not None else None
-        for i, (born, g) in enumerate(pool.take_ready(n_prompts)):
-            selected.append((g[0].group, i % world))
-            out.born[g[0].group] = born
-            stale += born < step
-            if i % world == rank:
-                mine[g[0].group] = g
-        out.carried_groups = len(selected)
-        need = n_prompts - len(selected)
-        while need > 0 and out.rounds < self.max_rounds:
-            k = math.ceil(need * (self.oversample if dynamic else 1.0))
-            start = self.stream.drawn
-            rows, row_ids = self.stream.take(k)
-            for p, (row, rid) in enumerate(zip(rows, row_ids)):
-                text = prompt_text(row, self.tok)
-                ids = fitting_ids(text, self.tok, self.max_prompt_len)
-                if ids is None:
-                    out.stats.skipped_long_prompts += int(p % world == rank)  # (a rank counts its share, as without segments)
-                    continue
-                out.stats.prompts += int(p % world == rank)
-                pool.add(OpenGroup(draw=start + p, row=rid, born=step, prompt=text, prompt_ids=ids, pieces=[Piece() for _ in range(self.sampling.n)]))
-            work = pool.work()[rank::world]
-            params = dataclasses.replace(self.sampling, n=1, max_tokens=pool.segment, seeds=tuple(mix(self.seed, step, out.rounds, d, j) for d, j in work))
-            t0 = time.perf_counter()
-            # (called with no responses too: with --engine-tp, generate is collective over an engine group)
-            with phase("generate", len(work), unit=f"responses (up to {pool.segment} tokens each)") as bar:
-                outs = self.engine.generate([pool.prompt_of(d, j) for d, j in work], params, progress=None if bar is None else bar.generated)
-            out.stats.gen_seconds += time.perf_counter() - t0
-            done = [(d, j, list(c[0].token_ids), list(c[0].logprobs), c[0].finish_reason) for (d, j), c in zip(work, outs)]
-            out.stats.gen_tokens += sum(len(r[2]) for r in done)
-            everyone_done = [r for part in self.ranks.gather(done) for r in part]
-            decode_steps += max((len(r[2]) for r in everyone_done), default=0)
-            finished = pool.apply(everyone_done, version=step)
-            out.rounds += 1
-            # Score this rank's share of the finished groups; then agree, as without segments.
-            ours = finished[rank::world]
-            groups = [[new_sample(self.tok, self.stream.rows[g.row], group=g.draw, prompt_index=g.row, prompt=g.prompt, prompt_ids=g.prompt_ids,
-                                  response_ids=pc.ids, logprobs=pc.logprobs, finish_reason=pc.finish, versions=pc.versions) for pc in g.pieces] for g in ours]
-            flat = [s for g in groups for s in g]
-            if flat:
-                score_samples(self.scorer, flat, [self.stream.rows[g.row] for g in ours for _ in g.pieces], out.stats)
-            out.stats.samples += len(flat)
-            shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
-            out.generated.extend(flat)
-            everyone = self._agree(groups)
-            out.generated_groups += len(everyone)
-            born = {g.draw: g.born for g in finished}
-            row_of = {g.draw: g.row for g in finished}
-            for draw, _, n_corr, size, _ in everyone:
-                self.stream.visit(row_of[draw], n_corr == size)
             surplus: list[int] = []
-            for g in groups:
-                mine[g[0].group] = g
             for draw, owner, n_corr, size, useful in everyone:
                 if dynamic and not useful:
                     out.drop(n_corr, size)
                 elif len(selected) < n_prompts:
                     selected.append((draw, owner))
-                    out.born[draw] = born[draw]
-                    stale += born[draw] < step
+                    out.born[draw] = origin[draw][1]
                 else:
                     surplus.append(draw)
-            if surplus:  # finished beyond the batch: every rank keeps a copy for the next step
-                extra = [[dataclasses.replace(s, kept=True) for s in mine[d]] for d in surplus if d in mine]
-                pool.defer(sorted(((born[g[0].group], g) for part in self.ranks.gather(extra) for g in part), key=lambda bg: bg[1][0].group))
-                deferred += surplus
+            deferred += src.defer(surplus, mine, origin)
             need = n_prompts - len(selected)
         self._close(out, selected, mine, deferred)
-        out.partial = {"rollout/partial_open_groups": len(pool.open), "rollout/partial_open_responses": pool.open_responses,
-                       "rollout/partial_ready_groups": len(pool.ready), "rollout/partial_carried_groups": out.carried_groups,
-                       "rollout/partial_deferred_groups": out.deferred_groups, "rollout/partial_decode_steps": decode_steps,
-                       "rollout/partial_stale_frac": stale / len(selected) if selected else 0.0}
-        if regenerated is not None:
-            out.partial["rollout/partial_stale_regenerated"] = regenerated
+        out.pool_metrics = src.metrics(out, step)
         return out
 
     def keep_back(self, col: Collected) -> int:
@@ -338,15 +414,7 @@ class Collector:
         to be trained first in the next step, and into the checkpoint with it, rather than be lost
         with the update. Every rank gets them all (one gather). Returns how many (0 without partial
         rollouts: dynamic sampling's groups are sampled again)."""
-        if self.pool is None or not col.born:
-            return 0
-        order = {d: i for i, d in enumerate(col.born)}
-        mine = [g for g in col.groups if not g[0].pad]
-        everyone = sorted((g for part in self.ranks.gather(mine) for g in part), key=lambda g: order[g[0].group])
-        self.pool.put_back([(col.born[g[0].group], g) for g in everyone])
-        col.partial["rollout/partial_ready_groups"] = len(self.pool.ready)
-        col.partial["rollout/partial_kept_back_groups"] = len(everyone)
-        return len(everyone)
+        return self.source.keep_back(col)
 
     def _agree(self, groups: list[list[Sample]]) -> list[tuple[int, int, int, int, bool]]:
         """What every rank generated, agreed on: (draw index, rank, #correct, G, informative) of
@@ -413,7 +481,8 @@ class Replay:
             share.append([dataclasses.replace(s, pad=True, kept=False) for s in groups[0]])
         real = [s for g in share for s in g if not s.pad]
         stats = RolloutStats(prompts=sum(not g[0].pad for g in share), samples=len(real), gen_tokens=sum(s.length for s in real))
-        return Collected(groups=share, stats=stats, generated=real, rounds=0, wanted=n_prompts, generated_groups=n_prompts, kept_groups=n_prompts)
+        return Collected(groups=share, stats=stats, kind=Collection.REPLAY, generated=real, rounds=0, wanted=n_prompts, generated_groups=n_prompts,
+                         kept_groups=n_prompts)
 
     def keep_back(self, col: Collected) -> int:
         """(Nothing to keep: a replayed batch is never short.)"""

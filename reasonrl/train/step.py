@@ -16,7 +16,7 @@ from reasonrl.errors import ReasonRLError
 from reasonrl.models.lora import engine_weights
 from reasonrl.perf import peak_memory
 from reasonrl.rollouts import Sample
-from reasonrl.train.collector import Collector
+from reasonrl.train.collector import Collection, Collector
 from reasonrl.progress import status
 from reasonrl.train.learner import Learner
 from reasonrl.train.step_metrics import position_metrics, rollout_metrics
@@ -54,7 +54,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     col = collector.collect(prompts_per_step, step=step)
     if before_update is not None:
         before_update()
-    short = col.short and (collector.spec.dynamic_sampling or bool(col.partial))  # (partial rollouts: groups still going at the round cap)
+    short = col.short and (collector.spec.dynamic_sampling or col.kind is Collection.SEGMENTS)  # (partial rollouts: groups still going at the round cap)
     if short:
         m["rollout/short_batch"] = 1
         if on_short_batch == "error":

@@ -75,7 +75,7 @@ def rollout_metrics(col: Collected, st: StepTensors | None, ranks: Ranks | None 
     })
     if col.retired is not None:
         m["rollout/retired_prompts"] = col.retired  # (--skip-solved-epochs)
-    m.update(col.partial)  # (--partial-rollout-len: the pool is the same on every rank)
+    m.update(col.pool_metrics)  # (--partial-rollout-len: the pool is the same on every rank)
     if st is not None:
         m["actor/entropy"] = ent_sum / ent_n if ent_n else 0.0
     if st is not None and st.staleness is not None:  # (partial rollouts: the same on every rank)

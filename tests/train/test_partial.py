@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from reasonrl.train.collector import Collection
 from reasonrl.train.partial import OpenGroup, PartialPool, Piece
 
 
@@ -115,7 +116,7 @@ def _collector(model_dir, *, partial: int, algo: str = "grpo", seed: int = 0, **
 def _record(col) -> dict:
     return {"groups": [[(s.group, s.response_ids, s.logprobs, s.finish_reason, s.reward, s.kept) for s in g] for g in col.groups],
             "generated": [(s.group, s.response_ids) for s in col.generated], "tokens": col.stats.gen_tokens, "rounds": col.rounds,
-            "partial": col.partial}
+            "partial": col.pool_metrics, "kind": col.kind}
 
 
 @pytest.mark.slow
@@ -153,10 +154,11 @@ def test_no_token_or_group_is_lost_or_used_twice_and_a_loaded_pool_goes_on_exact
     finished = sum(s.length for c in steps for s in c.generated)
     going = sum(len(p.ids) for g in col.pool.open.values() for p in g.pieces)
     assert sum(c.stats.gen_tokens for c in steps) == finished + going  # every decoded token is in a response
-    assert any(c.partial["rollout/partial_stale_frac"] > 0 for c in steps), "no group was carried into a later step"
+    assert any(c.pool_metrics["rollout/partial_stale_frac"] > 0 for c in steps), "no group was carried into a later step"
     assert sum(c.generated_groups for c in steps) == len(trained) + len(waiting)  # a finished group is counted in the step it finished
     _assert_counts_add_up(steps, waiting)
     assert any(c.deferred_groups for c in steps), "no group was finished beyond its batch"
+    assert all(c.kind is Collection.SEGMENTS and c.label == "collection (partial rollouts)" for c in steps)
 
     torch.manual_seed(0)
     a = _collector(format_model, partial=4)
@@ -197,9 +199,9 @@ def test_max_staleness_bounds_how_far_trained_tokens_lag(format_model, bound) ->
     trained = [g[0].group for c in steps for g in c.groups]
     assert len(trained) == len(set(trained)) == 10
     if bound is None:
-        assert max(lags) >= 2 and all("rollout/partial_stale_regenerated" not in c.partial for c in steps)
+        assert max(lags) >= 2 and all("rollout/partial_stale_regenerated" not in c.pool_metrics for c in steps)
     else:
-        assert max(lags) <= bound and sum(c.partial["rollout/partial_stale_regenerated"] for c in steps) > 0
+        assert max(lags) <= bound and sum(c.pool_metrics["rollout/partial_stale_regenerated"] for c in steps) > 0
         assert (max(lags) == 0) == (bound == 0)
 
 
@@ -225,6 +227,7 @@ def test_a_segment_of_l_max_is_the_plain_collector(format_model) -> None:
     torch.manual_seed(0)
     col = _collector(format_model, partial=12)
     assert col.pool is None and _record(col.collect(2, step=1)) == plain
+    assert plain["kind"] is Collection.WHOLE and plain["partial"] == {}  # (the collection's kind is said, not guessed from its metrics)
 
 
 @pytest.mark.slow
