@@ -1,7 +1,9 @@
 """The `reasonrl` command line: thin Typer commands over plain stage functions.
 
 Every stage command is generated from its config dataclass: one ``--option`` per field (its help
-is the field's documentation), plus ``--config recipe.toml``, repeated ``--set key=value`` and
+is the field's documentation; the fields of an option group, a mixin of ``reasonrl.stages.options``,
+in the group's ``--help`` panel, ``config.field_panel``; a renamed field's old name as a hidden
+option, ``config.renamed_fields``), plus ``--config recipe.toml``, repeated ``--set key=value`` and
 ``--verbose`` (the libraries' own logs and bars, off by default: ``reasonrl.console``).
 Precedence: dataclass defaults < recipe < --set < explicit options.
 """
@@ -18,7 +20,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 from reasonrl import console
-from reasonrl.config import base_type, build_config, load_recipe, parse_sets, recipe_layer, sections
+from reasonrl.config import base_type, build_config, field_panel, load_recipe, parse_sets, recipe_layer, renamed_fields, sections
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import write_failure
 
@@ -50,19 +52,29 @@ def stage_command(target: typer.Typer, name: str, cls: type, run: Callable[[Any]
     params = []
 
     def add_options(owner: type, skip: set[str], default_text: Callable[[dataclasses.Field], str], panel: str | None) -> None:
+        """One option per field of ``owner``; ``cls``'s own fields first, then its option groups'
+        (each in its ``help_panel``, the panels in their order), then a section's (in ``panel``).
+        A renamed field's old name is a hidden option too (``config.renamed_fields``)."""
         hints = typing.get_type_hints(owner)
+        ranked = []
         for f in dataclasses.fields(owner):
             if f.name in skip or f.name in fixed or "section" in f.metadata:
                 continue
             h = f.metadata.get("help", "")
-            if f.name in arguments:
-                param_default: Any = typer.Argument(None, help=h, show_default=False)
-            else:
-                flag = "--" + f.name.replace("_", "-")
-                base, _ = base_type(hints[f.name])
-                decls = [f"{flag}/--no-{f.name.replace('_', '-')}"] if base is bool else [flag]
-                param_default = typer.Option(None, *decls, help=f"{h} {default_text(f)}", show_default=False, rich_help_panel=panel)
-            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=param_default, annotation=_option_type(hints[f.name])))
+            group = field_panel(owner, f.name) if panel is None else None
+            names = [(f.name, False)] + [(old, True) for old, new in renamed_fields(owner).items() if new == f.name]
+            for name, hidden in names:
+                if f.name in arguments:
+                    param_default: Any = typer.Argument(None, help=h, show_default=False)
+                else:
+                    flag = "--" + name.replace("_", "-")
+                    base, _ = base_type(hints[f.name])
+                    decls = [f"{flag}/--no-{name.replace('_', '-')}"] if base is bool else [flag]
+                    param_default = typer.Option(None, *decls, help=f"{h} {default_text(f)}", show_default=False, hidden=hidden,
+                                                 rich_help_panel=panel if group is None else group.title)
+                ranked.append((0 if group is None else group.order,
+                               inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=param_default, annotation=_option_type(hints[f.name]))))
+        params.extend(p for _, p in sorted(ranked, key=lambda r: r[0]))  # (stable: each panel in field order)
 
     def own_default(f: dataclasses.Field) -> str:
         default = f.default if f.default is not dataclasses.MISSING else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import tomllib
 import types
 import typing
@@ -31,6 +32,46 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
     return dataclasses.field(default=default, metadata={"help": help, **kw})
+
+
+@dataclasses.dataclass(frozen=True)
+class HelpPanel:
+    """The ``--help`` panel of an option group (a mixin of config fields, e.g. ``BackendOpts``),
+    declared once on the group as its ``help_panel`` class attribute: the panel's title, and its
+    place among a command's panels (lower first; the command's own options come before all)."""
+
+    title: str
+    order: int
+
+
+def field_panel(cls: type, name: str) -> HelpPanel | None:
+    """The ``--help`` panel of field ``name`` of the config class ``cls``: that of the first option
+    group in its bases (in method resolution order) that holds the field, a redefinition in ``cls``
+    included (eval's ``top_p`` stays under sampling); None for a field of ``cls``'s own (the
+    command's 'Options' panel)."""
+    for base in cls.__mro__[1:]:
+        panel = getattr(base, "help_panel", None)
+        if isinstance(panel, HelpPanel) and name in getattr(base, "__dataclass_fields__", {}):
+            return panel
+    return None
+
+
+def renamed_fields(cls: type) -> dict[str, str]:
+    """{old name: field} of the fields of ``cls`` renamed with ``opt(..., renamed_from=OLD)``: the
+    old name still works (a recipe key, ``--set``, its option), with a one-line note."""
+    return {f.metadata["renamed_from"]: f.name for f in dataclasses.fields(cls) if f.metadata.get("renamed_from")}
+
+
+noted_renames: set[str] = set()
+"""The old names already noted in this process."""
+
+
+def _note_renamed(old: str, new: str) -> None:
+    """One line on stderr, once per process and old name (an ablation builds many configs)."""
+    if old not in noted_renames:
+        noted_renames.add(old)
+        flag = "--" + new.replace("_", "-")
+        print(f"note: '{old}' (--{old.replace('_', '-')}) is now '{new}' ({flag}); the old name still works", file=sys.stderr)
 
 
 def section(cls: type, help: str, *, table: str, name_field: str | None = None) -> Any:
@@ -221,11 +262,17 @@ def build_config(cls: type[T], *layers: dict[str, Any]) -> T:
         else:
             raise ReasonRLError(f"unknown key '{f.metadata['table']}.{key}'; known: {', '.join(section_keys(f))}")
 
+    renamed = {old: new for old, new in renamed_fields(cls).items() if old not in own}
     for layer in layers:
         for k, v in layer.items():
             if v is None:
                 continue
             k = k.replace("-", "_")
+            if k in renamed:
+                if any(kk.replace("-", "_") == renamed[k] and vv is not None for kk, vv in layer.items()):
+                    raise ReasonRLError(f"'{k}' and '{renamed[k]}' both given: '{k}' is the old name of '{renamed[k]}'; give it once, as '{renamed[k]}'")
+                _note_renamed(k, renamed[k])
+                k = renamed[k]
             whole = next((f for f in secs if k == f.name and k != f.metadata["table"]), None)
             if whole is not None:
                 t = whole.metadata["table"]

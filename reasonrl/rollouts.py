@@ -227,7 +227,7 @@ def read_rollouts(path: str | Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
-#: The columns of a rollout artifact that its readers need (`train --rollouts`, `pretrain-value
+#: The columns of a rollout artifact that its readers need (`train --filter-rollouts`, `pretrain-value
 #: --rollouts`): (the kind of values, what they are). Any other column a `reasonrl rollout` writes
 #: has a harmless default (``extracted``, ``score_status``, ``data_source``, ``kept``, ``pad``).
 ROLLOUT_COLUMNS: dict[str, tuple[str, str]] = {

@@ -191,3 +191,74 @@ def test_list_items_have_the_list_type() -> None:
     with pytest.raises(ReasonRLError, match="'ks' must be a list of int"):
         build_config(EvalConfig, {"ks": "[1, x]"})
     assert build_config(EvalConfig, {"ks": "[1, 4]"}).ks == [1, 4]
+
+
+def test_train_filter_rollouts_takes_its_old_name(capsys, monkeypatch) -> None:
+    """Issue 37: `train --rollouts` (filter the prompts by pass rate) is `--filter-rollouts`; the old
+    name still works in a recipe and in --set, with one note a process; `pretrain-value --rollouts`
+    (train on saved responses) keeps its name."""
+    from reasonrl import config
+    from reasonrl.config import parse_sets
+    from reasonrl.stages.pretrain_value import PretrainValueConfig
+
+    monkeypatch.setattr(config, "noted_renames", set())
+    recipe = build_config(TrainConfig, recipe_layer({"train": {"rollouts": "ro"}}, "train", TrainConfig))
+    sets = build_config(TrainConfig, {}, parse_sets(["rollouts=ro2"]))
+    assert (recipe.filter_rollouts, sets.filter_rollouts) == ("ro", "ro2")
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1 and "'rollouts' (--rollouts) is now 'filter_rollouts' (--filter-rollouts)" in notes[0], notes
+    assert build_config(TrainConfig, {"filter_rollouts": "new"}).filter_rollouts == "new"
+    assert build_config(TrainConfig, {"rollouts": "old"}, {"filter_rollouts": "new"}).filter_rollouts == "new"  # (a later layer wins)
+    assert "rollouts" not in config.to_dict(recipe) and config.to_dict(recipe)["filter_rollouts"] == "ro"
+    with pytest.raises(ReasonRLError, match="'rollouts' and 'filter_rollouts' both given"):
+        build_config(TrainConfig, {"rollouts": "a", "filter_rollouts": "b"})
+    assert build_config(PretrainValueConfig, {"rollouts": "ro"}).rollouts == "ro"
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_train_filter_rollouts_on_the_command_line(tmp_path, monkeypatch) -> None:
+    """Both spellings reach the run (the missing data is the first thing it says); both at once, or
+    the pass-rate bounds without either, are one line naming --filter-rollouts."""
+    from reasonrl import config
+
+    monkeypatch.setattr(config, "noted_renames", set())
+    for flag in ("--filter-rollouts", "--rollouts"):
+        r = run_cli("train", flag, tmp_path / "ro", "--min-pass-rate", "0.5", "--data", tmp_path / "none", "--out", tmp_path / "o", "--engine", "hf")
+        assert_user_error(r, "prepare-data")
+        assert ("note: 'rollouts' (--rollouts) is now" in r.output) == (flag == "--rollouts"), r.output
+    assert_user_error(run_cli("train", "--rollouts", "a", "--filter-rollouts", "b", "--data", tmp_path / "none"), "both given", "'filter_rollouts'")
+    assert_user_error(run_cli("train", "--min-pass-rate", "0.5", "--data", tmp_path / "none"), "give --filter-rollouts DIR")
+    help_text = run_cli("train", "--help").output
+    assert "--filter-rollouts" in help_text and "--rollouts " not in help_text  # (the old name is hidden)
+
+
+def test_option_groups_have_their_help_panels() -> None:
+    """Issue 37: each option group (a mixin of stages/options.py) is one `--help` panel, in every
+    stage that takes it; a stage's own options stay in 'Options'."""
+    import typer
+
+    from reasonrl import cli
+    from reasonrl.config import field_panel
+    from reasonrl.stages import options as O
+    from reasonrl.stages.eval import EvalConfig
+    from reasonrl.stages.pretrain_value import PretrainValueConfig
+    from reasonrl.stages.rollout import RolloutConfig
+
+    run_cli("--help")  # registers the commands
+    root = typer.main.get_command(cli.app)
+    commands = {"train": TrainConfig, "pretrain-value": PretrainValueConfig, "rollout": RolloutConfig}
+    groups = (O.ModelOpts, O.RolloutOpts, O.DecodeOpts, O.OptimOpts, O.ScheduleOpts, O.LoraOpts, O.BackendOpts, O.ValOpts, O.TrackOpts)
+    declared = [g for g in groups if "help_panel" in vars(g)]  # (RolloutOpts takes DecodeOpts' Sampling)
+    assert len({g.help_panel.title for g in declared}) == len(declared) == len(groups) - 1
+    for name, cls in [*commands.items(), ("eval file", EvalConfig)]:
+        cmd = root.commands["eval"].commands["file"] if name == "eval file" else root.commands[name]
+        panels = {p.name: getattr(p, "rich_help_panel", None) for p in cmd.params}
+        for f in dataclasses.fields(cls):
+            if "section" in f.metadata:
+                continue
+            group = next((g for g in groups if issubclass(cls, g) and f.name in {h.name for h in dataclasses.fields(g)}), None)
+            want = group.help_panel.title if group is not None else None
+            assert field_panel(cls, f.name) == (group.help_panel if group is not None else None), (name, f.name)
+            assert panels[f.name] == want, (name, f.name, panels[f.name], want)
+    assert panels["top_p"] == "Sampling" and panels["model"] == "Model, engine and reward"  # (eval's redefinitions stay in their group)
+    assert TrainConfig.__dataclass_fields__["critic_lr"].default == PretrainValueConfig.__dataclass_fields__["critic_lr"].default

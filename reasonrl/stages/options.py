@@ -9,9 +9,9 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from reasonrl.config import check, check_seed, opt
+from reasonrl.config import HelpPanel, check, check_seed, opt
 from reasonrl.engines.base import EngineOptions
 
 
@@ -37,6 +37,8 @@ class RewardOpts:
 
 @dataclass
 class ModelOpts(EngineOptions, RewardOpts):
+    help_panel: ClassVar[HelpPanel] = HelpPanel("Model, engine and reward", 1)
+
     model: str = opt("default", "Policy: an HF model directory, a finished train run, a hub name ORG/NAME[@REVISION] (from huggingface_hub's cache, downloaded unless HF_HUB_OFFLINE=1; the commit goes into the manifest), or 'default' for the embedded SmolLM2-135M-Instruct.")
     seed: int = opt(0, "Random seed (data order, sampling, initialisation), in [0, 2**32 - 1].")
     allow_pickle: bool = opt(False, "Load model directories (and fetch hub repositories) whose weights are pickle files (.bin/.pt), which can run code when loaded; default: safetensors only.")
@@ -56,6 +58,8 @@ class ModelOpts(EngineOptions, RewardOpts):
 @dataclass
 class DecodeOpts:
     """How each response is decoded (the engine's ``SamplingParams`` are made from these)."""
+
+    help_panel: ClassVar[HelpPanel] = HelpPanel("Sampling", 2)  # (RolloutOpts' too)
 
     temperature: float = opt(1.0, "Sampling temperature (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling mass (1.0 = off).")
@@ -89,6 +93,8 @@ class ProgressOpts:
 
 @dataclass
 class TrackOpts(ProgressOpts):
+    help_panel: ClassVar[HelpPanel] = HelpPanel("Tracking and console", 8)
+
     report_to: list[str] = opt(["tensorboard"], "Experiment trackers that get the metrics besides metrics.jsonl: tensorboard (event files in the run directory), "
                                "wandb, mlflow, trackio (optional extras: pip install 'reasonrl\\[wandb]'), or none; repeat the option or separate with commas.")
 
@@ -101,6 +107,8 @@ class TrackOpts(ProgressOpts):
 @dataclass
 class ValOpts:
     """Validation during training: the current policy on held-out problems (``reasonrl.train.validation``)."""
+
+    help_panel: ClassVar[HelpPanel] = HelpPanel("Validation during training", 7)
 
     val_every: int = opt(0, "Validate every N steps, at step 0 (before any update) and at the last step (0 = off): val/avg@n, pass@k, maj@n with bootstrap intervals in metrics.jsonl.")
     val_data: str = opt("", "Validation problems: a prepare-data directory (its validation split), an eval set (aime24, math500, ...), a data file or a hub dataset hf:ORG/NAME[:CONFIG][@SPLIT]; default: the training data's validation split.")
@@ -215,6 +223,8 @@ class BackendOpts:
     launcher's processes, each on its GPU when there is one (``prompts_per_step`` and
     ``mini_batch_size`` stay global; each rank generates and trains on its share)."""
 
+    help_panel: ClassVar[HelpPanel] = HelpPanel("Training backend", 6)
+
     backend: str = opt("torch", "Training backend: 'torch' (one process) or 'deepspeed' (ZeRO; start with torchrun/deepspeed).")
     zero: int = opt(2, "DeepSpeed ZeRO stage (2 or 3).")
     offload: bool = opt(False, "DeepSpeed: offload optimizer state (and ZeRO-3 parameters) to CPU memory.")
@@ -233,9 +243,26 @@ class BackendOpts:
 
 
 @dataclass
+class OptimOpts:
+    """The optimiser options the stages that train (pretrain-value, train) share, with one default:
+    the batch sizes of an update and the critic's AdamW. Each stage checks them in its own
+    ``__post_init__``; ``weight_decay`` (train 0.1, pretrain-value 0.0) and train's policy ``lr``
+    and ``ppo_epochs`` stay with their stage."""
+
+    help_panel: ClassVar[HelpPanel] = HelpPanel("Optimiser", 3)
+
+    mini_batch_size: int = opt(64, "Responses per optimizer update over all processes: a step makes ceil(batch / mini_batch_size) updates per pass over its batch (train: × --ppo-epochs).")
+    micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process (gradient accumulation inside a mini-batch).")
+    critic_lr: float = opt(1e-5, "Critic learning rate (AdamW).")
+    grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
+
+
+@dataclass
 class ScheduleOpts:
     """The learning-rate schedule of the stages that train (pretrain-value, train), for every model
     they train, over their ``steps`` (``reasonrl.train.backend.lr_factor``)."""
+
+    help_panel: ClassVar[HelpPanel] = HelpPanel("Learning-rate schedule", 4)
 
     lr_schedule: str = opt("constant", "LR schedule after the warm-up: 'constant' (DAPO) or 'cosine', from the LR down to --min-lr-ratio × LR at --steps "
                                        "(OpenRLHF's default, cosine_with_min_lr).")
@@ -281,6 +308,8 @@ class ScheduleOpts:
 class LoraOpts:
     """LoRA on the trained model (``reasonrl.models.lora``, through peft): rank R > 0 trains an adapter
     on the blocks' linear layers and keeps the base frozen; 0 is full fine-tuning."""
+
+    help_panel: ClassVar[HelpPanel] = HelpPanel("LoRA", 5)
 
     lora_rank: int = opt(0, "LoRA rank R (0 = full fine-tuning): train a rank-R adapter W + (α/R)·B·A on the blocks' linear layers, the base frozen; "
                             "with about 10× the full fine-tuning LR (\"LoRA Without Regret\"; docs/lora.md).")

@@ -43,8 +43,8 @@ from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import SEED_MAX, check, opt, to_dict
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.tracking.base import TRACKER_OUTPUTS
-from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, make_backend, make_collector,
-                                      make_learner, start_ranks, training_rows)
+from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, ScheduleOpts, TrackOpts, make_backend,
+                                      make_collector, make_learner, start_ranks, training_rows)
 
 
 #: What `pretrain-value` writes in its directory (a rerun removes them first; the manifest comes last).
@@ -52,17 +52,13 @@ OUTPUTS = ("critic", "metrics.jsonl", "bias.json", "summary.json", *TRACKER_OUTP
 
 
 @dataclass
-class PretrainValueConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts):
+class PretrainValueConfig(BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, ScheduleOpts, TrackOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/critic", "Output directory: critic/ (HF directory; with --lora-rank the merged critic, and its adapter in critic/adapter/), metrics.jsonl, bias.json, manifest.json.")
     critic_init: str | None = opt(None, "Initialise the value model from this directory or hub name ORG/NAME[@REVISION] (e.g. a reward model); default: the policy's backbone.")
     steps: int = opt(20, "Value-training steps (each on freshly sampled responses). More is not always better: it overfits.")
     prompts_per_step: int = opt(16, "Prompts sampled per step over all processes (× group_size responses).")
-    mini_batch_size: int = opt(64, "Responses per critic optimizer update over all processes.")
-    micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process.")
-    critic_lr: float = opt(1e-5, "Critic learning rate (AdamW).")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
-    grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
     lam_actor: float = opt(A.ALGOS["vcppo"].lam_actor, "λ used for the advantage-by-position picture (the actor's λ in vcppo).")
     eval_prompts: int = opt(8, "Held-out prompts for the before/after bias picture (from the validation split; without one, from the training rows, labelled in-sample; with --rollouts, a seeded draw of its prompts, kept out of training).")
     rollouts: str = opt("", "Train on a `reasonrl rollout` directory's saved responses and rewards (VC-PPO's offline pretraining on a fixed policy's responses) instead of sampling: no engine is built, --data is not read.")

@@ -2,7 +2,7 @@
 
 The artifact feeds the next stages: `pretrain-value --rollouts DIR` trains a critic on its responses
 (VC-PPO's offline value pretraining; the manifest names the policy that sampled them, with its
-weights' sha256), and `train --rollouts DIR` keeps only the prompts whose pass rate says there is
+weights' sha256), and `train --filter-rollouts DIR` keeps only the prompts whose pass rate says there is
 something to learn."""
 
 from __future__ import annotations

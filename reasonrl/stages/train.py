@@ -30,8 +30,8 @@ from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 from reasonrl.perf import StepPerf
 from reasonrl.rundir import releases_claims
-from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, RolloutOpts, TrackOpts, ValOpts, make_backend, make_collector, make_learner,
-                                      start_ranks, training_rows, validation_rows)
+from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, TrackOpts, ValOpts, make_backend, make_collector,
+                                      make_learner, start_ranks, training_rows, validation_rows)
 from reasonrl.stages.options import ScheduleOpts
 
 
@@ -41,7 +41,7 @@ def _divisor_near(n: int, target: int) -> int:
 
 
 @dataclass
-class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, TrackOpts, ValOpts):
+class TrainConfig(BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, ScheduleOpts, TrackOpts, ValOpts):
     data: str = opt("runs/data", "Prepared data directory (output of `reasonrl prepare-data`).")
     out: str = opt("runs/train", "Run directory: metrics.jsonl, validation.jsonl (with --val-every), checkpoints/, policy/ (final HF model), manifest.json.")
     algo: str = opt("dapo", f"Algorithm row of reasonrl.algos.ALGOS: {', '.join(A.ALGOS)} (see the --algo table in docs/algorithms.md).")
@@ -53,21 +53,18 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
     oversample: float = opt(1.0, "Dynamic sampling: each generation round samples ceil(oversample × still-needed) prompts.")
     max_gen_rounds: int = opt(10, "Cap on generation rounds per step (dynamic sampling's rounds; with --partial-rollout-len, a round is one segment); then --on-short-batch decides.")
     on_short_batch: str = opt("train", "When collection hits --max-gen-rounds with the batch not full (dynamic sampling, or partial rollouts with groups still going): 'train' on what was kept, 'skip' the update, or 'error' (verl raises).")
-    mini_batch_size: int = opt(64, "Responses per optimizer update over all processes: a step makes ceil(batch / mini_batch_size) × ppo_epochs updates.")
-    micro_batch_size: int = opt(16, "Responses per forward/backward pass in each process (gradient accumulation inside a mini-batch).")
     ppo_epochs: int = opt(1, "Passes over the step's batch.")
     lr: float = opt(1e-6, "Policy learning rate (AdamW; DAPO: 1e-6).")
-    critic_lr: float = opt(1e-5, "Critic learning rate.")
     weight_decay: float = opt(0.1, "AdamW weight decay.")
-    grad_clip: float = opt(1.0, "Gradient-norm clipping (0 = off).")
     overlong_cache_len: int | None = opt(None, "Soft overlong punishment buffer L_cache (DAPO: 4096 of 20480): punishment starts at max_response_len − overlong_cache_len; default max_response_len // 5, the paper's ratio.")
     save_every: int = opt(0, "Save a checkpoint every N steps (0: only at the end).")
     keep_last: int = opt(0, "Keep only the newest N checkpoints (0: keep all).")
     max_bad_steps: int = opt(3, "Divergence guard: a step whose loss, gradient norm or values are not finite makes no update; after this many in a row the run stops with an error (the last good checkpoint stays the latest).")
-    rollouts: str = opt("", "Filter the training prompts by their pass rate in this `reasonrl rollout` directory (of the same data): keep those with --min-pass-rate < p < --max-pass-rate.")
-    min_pass_rate: float = opt(0.0, "With --rollouts: drop the prompts whose pass rate is <= this (0: the never solved; -1 keeps them).")
-    max_pass_rate: float = opt(1.0, "With --rollouts: drop the prompts whose pass rate is >= this (1: the always solved; 2 keeps them).")
-    unrated: str = opt("keep", "With --rollouts: 'keep' or 'drop' the training prompts the rollouts do not cover.")
+    filter_rollouts: str = opt("", "Filter the training prompts by their pass rate in this `reasonrl rollout` directory (of the same data): keep those with --min-pass-rate < p < --max-pass-rate.",
+                               renamed_from="rollouts")
+    min_pass_rate: float = opt(0.0, "With --filter-rollouts: drop the prompts whose pass rate is <= this (0: the never solved; -1 keeps them).")
+    max_pass_rate: float = opt(1.0, "With --filter-rollouts: drop the prompts whose pass rate is >= this (1: the always solved; 2 keeps them).")
+    unrated: str = opt("keep", "With --filter-rollouts: 'keep' or 'drop' the training prompts the rollouts do not cover.")
     skip_solved_epochs: int = opt(0, "Drop a prompt for the rest of the run once every sample of it was correct in this many visits in a row (0 = never); kept in checkpoints.")
     partial_rollout_len: int = opt(0, "Partial rollouts (Kimi k1.5 §2.6.2, slime): generate S tokens per response and round, and carry a response still going when the batch is full into the next step (sampled on by the policies of the steps that follow, over L_max/S steps or more; its per-token sampling log-probs and policy versions are kept: stale tokens are corrected by default, --stale-correction, --max-staleness), so no step waits for its longest response. Must divide max_response_len; 0 = off (each response whole within its step). See docs/performance.md.")
     keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
@@ -108,8 +105,8 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
         check(self.peak_flops is None or self.peak_flops >= 0, "peak_flops must be >= 0 (0 turns the bound metrics off)")
         check(self.min_pass_rate < self.max_pass_rate, f"min_pass_rate ({self.min_pass_rate:g}) must be below max_pass_rate ({self.max_pass_rate:g})")
         check(self.unrated in ("keep", "drop"), f"unrated must be keep or drop, got '{self.unrated}'")
-        check(bool(self.rollouts) or (self.min_pass_rate, self.max_pass_rate, self.unrated) == (0.0, 1.0, "keep"),
-              "--min-pass-rate, --max-pass-rate and --unrated filter by a rollout artifact's pass rates: give --rollouts DIR too")
+        check(bool(self.filter_rollouts) or (self.min_pass_rate, self.max_pass_rate, self.unrated) == (0.0, 1.0, "keep"),
+              "--min-pass-rate, --max-pass-rate and --unrated filter by a rollout artifact's pass rates: give --filter-rollouts DIR too")
         check(self.skip_solved_epochs >= 0, "skip_solved_epochs must be >= 0 (0 = never)")
         check(self.partial_rollout_len >= 0, f"partial_rollout_len must be >= 0 (tokens per response and round; 0 = off), got {self.partial_rollout_len}")
         check(self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0,
@@ -118,6 +115,11 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, RolloutOpts, ScheduleOpts, T
         check(self.max_gen_rounds >= segments, f"with --partial-rollout-len {self.partial_rollout_len} a round is one segment, and a response of "
               f"max_response_len ({self.max_response_len}) takes {segments}: raise --max-gen-rounds to {segments} or more (it is {self.max_gen_rounds}), "
               "or lengthen the segment, or the first step could finish no group whose longest response runs to the cap")
+
+    @property
+    def rollouts(self) -> str:
+        """``filter_rollouts`` under its old name (what the run's setup reads)."""
+        return self.filter_rollouts
 
     def algo_spec(self) -> A.AlgoSpec:
         """The --algo row with this run's overrides applied."""
@@ -149,20 +151,20 @@ def critic_dir(path: str | Path, allow_pickle: bool = False) -> Path:
 
 
 def rated_prompts(cfg: TrainConfig, rows: list[dict[str, Any]], tokenizer: Any) -> tuple[list[dict[str, Any]], Any]:
-    """``--rollouts``: the rows its pass rates keep, and the filter's counts. An artifact with no
+    """``--filter-rollouts``: the rows its pass rates keep, and the filter's counts. An artifact with no
     prompt in common with the data, or a filter that keeps nothing, is a one-line error."""
     from reasonrl.rollouts import load_rollout_artifact, prompt_text
     from reasonrl.train.prompt_filter import filter_prompts
 
-    art = load_rollout_artifact(cfg.rollouts, option="--rollouts")
+    art = load_rollout_artifact(cfg.filter_rollouts, option="--filter-rollouts")
     rates = art.pass_rates()
     kept, counts = filter_prompts(rows, lambda r: prompt_text(r, tokenizer), rates, min_rate=cfg.min_pass_rate, max_rate=cfg.max_pass_rate,
                                   unrated=cfg.unrated)
     if counts.unrated == counts.prompts:
-        raise ReasonRLError(f"--rollouts {art.path} shares no prompt with --data {cfg.data} (other data, or another chat template): "
+        raise ReasonRLError(f"--filter-rollouts {art.path} shares no prompt with --data {cfg.data} (other data, or another chat template): "
                             f"run `reasonrl rollout --data {cfg.data} --model {cfg.model}` and pass its directory")
     if not kept:
-        raise ReasonRLError(f"--rollouts {art.path}: no prompt has {cfg.min_pass_rate:g} < pass rate < {cfg.max_pass_rate:g} ({counts.dropped()}): widen --min-pass-rate / --max-pass-rate")
+        raise ReasonRLError(f"--filter-rollouts {art.path}: no prompt has {cfg.min_pass_rate:g} < pass rate < {cfg.max_pass_rate:g} ({counts.dropped()}): widen --min-pass-rate / --max-pass-rate")
     return kept, counts
 
 

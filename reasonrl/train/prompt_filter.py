@@ -1,4 +1,4 @@
-"""The offline prompt filter of `train --rollouts`: keep the prompts a rollout artifact says are worth
+"""The offline prompt filter of `train --filter-rollouts`: keep the prompts a rollout artifact says are worth
 training on (Skywork-OR1, arXiv 2505.22312, and POLARIS drop what the initial policy always or
 never solves before training; dynamic sampling then does the same online, each step).
 

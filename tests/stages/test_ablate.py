@@ -16,7 +16,9 @@ import pytest
 
 from clihelp import assert_user_error, run_cli
 from reasonrl.algos import ALGOS
-from reasonrl.stages.ablate import PRESETS, AblateConfig, critic_config, make_jobs, make_plan, train_config
+from reasonrl.stages.ablate import AblateConfig
+from reasonrl.stages.ablation.jobs import make_jobs
+from reasonrl.stages.ablation.plan import PRESETS, critic_config, make_plan, train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,6 +87,16 @@ def test_every_train_run_checkpoints_at_its_validation_steps(tmp_path):
     plan = make_plan(AblateConfig(preset="dapo", seeds=1, steps=6, val_every=3, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}", "save_every=2", "keep_last=3"]))
     assert all((train_config(plan, r, 0, tmp_path).save_every, train_config(plan, r, 0, tmp_path).keep_last) == (2, 3) for r in plan.rungs)
     assert "--save-every 2 --keep-last 3" in make_jobs(plan, tmp_path)[0].line()
+
+
+def test_set_takes_trains_filter_rollouts_by_either_name(tmp_path):
+    """Issue 37: `--set filter_rollouts=DIR` reaches every train run; `--set rollouts=DIR`, its old name, too
+    (with the old name, the critics' pretrain-value runs take it as well, as before: their `rollouts`)."""
+    (tmp_path / "data").mkdir()
+    for key in ("filter_rollouts", "rollouts"):
+        plan = make_plan(AblateConfig(preset="vcppo", seeds=1, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}", f"{key}=ro"]))
+        assert all(train_config(plan, r, 0, tmp_path).filter_rollouts == "ro" for r in plan.rungs)
+        assert (critic_config(plan, 0, tmp_path).rollouts == "ro") == (key == "rollouts")
 
 
 @pytest.fixture
@@ -368,7 +380,8 @@ def test_the_delta_says_when_final_validations_are_at_different_steps(tmp_path):
     with step 8, which the table marks and ablation.json names, seed by seed (the same steps: no mark)."""
     from rich.console import Console
 
-    from reasonrl.stages.ablate import print_table, summarise
+    from reasonrl.stages.ablation.stats import summarise
+    from reasonrl.stages.ablation.table import print_table
 
     out = tmp_path / "abl"
     _finished_run(out / "a" / "seed-0", {0: [0.0, 0.0], 4: [0.5, 0.0], 8: [0.5, 0.5]})
@@ -398,7 +411,7 @@ def test_the_table_intervals_fit_the_crossed_design(tmp_path):
     are the crossed random-effects interval over the seeds × problems values; runs that validated
     different problems get the nested design's two-level bootstrap, and the row says which."""
     from reasonrl.evaluation.scores import bootstrap_ci, crossed_mean_ci, two_level_bootstrap_ci
-    from reasonrl.stages.ablate import summarise
+    from reasonrl.stages.ablation.stats import summarise
 
     def run(d: Path, final: list[float], where: list[str]) -> None:
         d.mkdir(parents=True)

@@ -98,7 +98,7 @@ def test_pretrain_value_rollouts_bad_inputs(rollouts, format_model, tmp_path):
 
 
 def test_the_chain_rollout_pretrain_value_train_eval(rollouts, prepared, format_model, tmp_path):
-    """rollout → pretrain-value --rollouts → train --rollouts (vcppo, the filtered prompts) → eval, as a user types them."""
+    """rollout → pretrain-value --rollouts → train --filter-rollouts (vcppo, the filtered prompts) → eval, as a user types them."""
     from reasonrl.models.loading import load_tokenizer
     from reasonrl.rollouts import load_rollout_artifact, prompt_text
 
@@ -106,7 +106,7 @@ def test_the_chain_rollout_pretrain_value_train_eval(rollouts, prepared, format_
     r = run_cli("pretrain-value", "--rollouts", rollouts, "--model", format_model, "--out", critic, "--steps", "2", *VALUE, *SMALL)
     assert r.exit_code == 0, r.output
     out = tmp_path / "train"
-    r = run_cli("train", "--algo", "vcppo", "--critic", critic, "--rollouts", rollouts, "--model", format_model, "--data", prepared, "--out", out,
+    r = run_cli("train", "--algo", "vcppo", "--critic", critic, "--filter-rollouts", rollouts, "--model", format_model, "--data", prepared, "--out", out,
                 "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--mini-batch-size", "8", "--micro-batch-size", "4", "--lr", "1e-4", *SMALL)
     assert r.exit_code == 0, r.output
     # the counts: what the artifact's pass rates say of the training prompts

@@ -89,7 +89,8 @@ def test_shipped_recipes_parse(tmp_path):
     from reasonrl.stages.eval import EvalConfig
     from reasonrl.stages.pretrain_value import PretrainValueConfig
     from reasonrl.stages.train import TrainConfig
-    from reasonrl.stages.ablate import AblateConfig, make_plan, train_config
+    from reasonrl.stages.ablate import AblateConfig
+    from reasonrl.stages.ablation.plan import make_plan, train_config
 
     kinds = {"prepare-data": PrepareConfig, "pretrain-value": PretrainValueConfig, "train": TrainConfig, "eval": EvalConfig}
     files = sorted((Path(__file__).resolve().parents[2] / "stages").glob("*.toml"))
