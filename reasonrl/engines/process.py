@@ -47,8 +47,9 @@ Lifetime and failure:
   ``KeyboardInterrupt`` traceback.
 - A child that dies (killed, out of memory, a crash) or fails (an engine error) surfaces in the
   parent as one line, a ``ReasonRLError`` naming what happened, at the next ``result`` or request.
-- ``close`` is idempotent: it asks the child to close its engine, waits a grace period, then
-  SIGKILLs it, and always reaps it.
+- ``close`` is idempotent: the child drops what is still queued, stops a generation in progress
+  (its process ends) or else closes its engine, and exits; after a grace period the parent SIGKILLs
+  it; either way the parent reaps it.
 - ``threads`` (torch threads) and ``cpus`` (``os.sched_setaffinity``) are set in the child before
   torch is imported, so on 2 cores the engine can be pinned to one and the trainer to the other
   (``bench/engine_process.py``; ``docs/performance.md`` "Generation in its own process").
@@ -441,16 +442,22 @@ def serve(req_fd: int, resp_fd: int, parent: int) -> None:
     recv = Connection(req_fd, writable=False)
     send = Connection(resp_fd, readable=False)
     inbox: queue.Queue[Any] = queue.Queue()
+    busy = threading.Event()  # (set while the engine generates or loads weights)
 
     def read() -> None:  # (drains the pipe, so the parent's sends never wait on a generation)
         try:
             while True:
                 msg = recv.recv()
-                inbox.put(msg)
                 if msg[0] == "close":
-                    return
+                    break
+                inbox.put(msg)
         except (EOFError, OSError):
-            inbox.put(("close",))
+            pass
+        # The parent closes (or is gone): nothing queued will be read. Mid-generation, stop now (the
+        # parent waits for no result; ending the process frees the engine); else close it properly.
+        inbox.put(("close",))
+        if busy.is_set():
+            os._exit(0)
 
     first = recv.recv()
     spec = first[1]
@@ -474,9 +481,11 @@ def serve(req_fd: int, resp_fd: int, parent: int) -> None:
     send.send(("ready", engine.name, bool(getattr(engine, "compiled", False))))
     try:
         while True:
+            busy.clear()
             msg = inbox.get()
             if msg[0] == "close":
                 break
+            busy.set()
             if msg[0] == "generate":
                 _, rid, prompts, params, want_progress = msg
                 hook = (lambda c, t, rid=rid: send.send(("progress", rid, c, t))) if want_progress else None
