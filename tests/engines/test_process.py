@@ -211,3 +211,42 @@ def test_child_dies_with_its_parent(tiny_model, tmp_path) -> None:
     proc.stdout.close()
     proc.stderr.close()
     assert _gone(child_pid)
+
+
+@pytest.mark.vllm
+def test_vllm_in_its_own_process_matches_in_process(tiny_model, prompts) -> None:
+    """vLLM (fp32) in the child generates what vLLM in this process generates: at the start, after a
+    full update, and after LoRA's partial, lazy update (the merged linear layers only)."""
+    pytest.importorskip("vllm")
+    from reasonrl.engines.vllm_engine import VLLMEngine
+    from reasonrl.models import load_causal_lm
+    from reasonrl.models.lora import LoraSettings, apply_lora, engine_weights
+
+    opts = EngineOptions(engine="vllm", dtype="fp32", kv_cache_gib=0.25)
+    local = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512, kv_cache_gib=0.25)
+    try:
+        with EngineProcess(opts, str(tiny_model), seed=0, max_model_len=512, threads=torch.get_num_threads()) as child:
+            assert child.engine_name == "vllm"
+            same = [_tokens(child.generate(prompts, SAMPLED)) == _tokens(local.generate(prompts, SAMPLED))]
+            full = _noisy(load_causal_lm(tiny_model, dtype=torch.float32), 4)
+            child.update_weights(full, version=1)
+            local.update_weights(full)
+            same.append(_tokens(child.generate(prompts, SAMPLED)) == _tokens(local.generate(prompts, SAMPLED)))
+            model = apply_lora(load_causal_lm(tiny_model, dtype=torch.float32), LoraSettings(rank=2, alpha=4.0), seed=0, base_path=tiny_model)
+            g = torch.Generator().manual_seed(5)
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    if "lora_B" in n:
+                        p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            merged = engine_weights(model, model.state_dict())
+            assert merged.partial and "lm_head.weight" not in merged
+            child.update_weights(merged, version=2)
+            local.update_weights(merged)
+            got = child.generate(prompts, SAMPLED)
+            want = local.generate(prompts, SAMPLED)
+            same.append(_tokens(got) == _tokens(want))
+            assert same == [True, True, True]
+            torch.testing.assert_close(torch.tensor([x for gr in got for c in gr for x in c.logprobs]),
+                                       torch.tensor([x for gr in want for c in gr for x in c.logprobs]), atol=1e-5, rtol=0)
+    finally:
+        local.close()
