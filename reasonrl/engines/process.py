@@ -115,9 +115,10 @@ class EngineProcess:
         if threads is not None and threads < 1:
             raise ReasonRLError(f"EngineProcess: threads must be >= 1, got {threads}")
         self.close_grace_s = close_grace_s
-        self.name = "process"
+        self.name = self.engine_name = "process"  # (the child's engine's, once built)
         self.compiled = False
         self.last_update_seconds = 0.0  # the parent's share of the last update: writing the shared file
+        self.last_generate_seconds = 0.0  # the child's time generating the last result taken
         self._closed = False
         self._lock = threading.Lock()  # (one sender at a time)
         self._next_id = 0
@@ -171,7 +172,12 @@ class EngineProcess:
         except BaseException:
             self.close()
             raise
-        self.name, self.compiled, self.engine_name = f"{msg[1]} (own process)", bool(msg[2]), msg[1]
+        # A stand-in answers as its engine does: its name (what stages branch on and record), whether
+        # it compiled, and its context length (vLLM lowers max_model_len to what the model supports).
+        self.name = self.engine_name = msg[1]
+        self.compiled = bool(msg[2])
+        if msg[3] is not None:
+            self.max_model_len = int(msg[3])
 
     # ---------------------------------------------------------------- requests
     def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: bool = False) -> Pending:
@@ -199,6 +205,7 @@ class EngineProcess:
                 continue
             self._waiting.pop(pending.id, None)
             if msg[0] == "done":
+                self.last_generate_seconds = msg[2]
                 return msg[1]
             raise ReasonRLError(msg[1] if msg[0] == "failed" else f"the engine process (pid {self.pid}) failed {msg[1]}")
 
@@ -478,7 +485,7 @@ def serve(req_fd: int, resp_fd: int, parent: int) -> None:
     except BaseException as e:  # noqa: BLE001 - reported to the parent as its one line
         send.send(("fatal", _line(e, "building the engine")))
         os._exit(1)
-    send.send(("ready", engine.name, bool(getattr(engine, "compiled", False))))
+    send.send(("ready", engine.name, bool(getattr(engine, "compiled", False)), getattr(engine, "max_model_len", None)))
     try:
         while True:
             busy.clear()
@@ -489,12 +496,13 @@ def serve(req_fd: int, resp_fd: int, parent: int) -> None:
             if msg[0] == "generate":
                 _, rid, prompts, params, want_progress = msg
                 hook = (lambda c, t, rid=rid: send.send(("progress", rid, c, t))) if want_progress else None
+                t0 = time.perf_counter()
                 try:
                     out = engine.generate(prompts, params, progress=hook) if hook else engine.generate(prompts, params)
                 except Exception as e:  # noqa: BLE001 - this request fails; the engine serves the next
                     send.send(("error", rid, _line(e, "generating")))
                     continue
-                send.send(("done", rid, out))
+                send.send(("done", rid, out, time.perf_counter() - t0))
             elif msg[0] == "weights":
                 _, seq, version, source, manifest, partial = msg
                 t0 = time.perf_counter()

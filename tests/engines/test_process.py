@@ -118,7 +118,7 @@ def test_unseeded_lazy_mapping_shared_tensors_close(tiny_model, prompts) -> None
     unseeded = SamplingParams(n=2, temperature=1.0, max_tokens=6)  # (from each engine's own stream, seeded by seed=0)
     cpu = min(os.sched_getaffinity(0))
     with EngineProcess(EngineOptions(engine="hf", dtype="fp32"), str(tiny_model), seed=0, threads=1, cpus=[cpu]) as eng:
-        assert os.sched_getaffinity(eng.pid) == {cpu}
+        assert os.sched_getaffinity(eng.pid) == {cpu} and eng.name == "hf"
         assert _tokens(eng.generate(prompts, unseeded)) == _tokens(local.generate(prompts, unseeded))
         eng.update_weights(weights)
         a = eng.generate(prompts, SAMPLED)
@@ -226,7 +226,7 @@ def test_vllm_in_its_own_process_matches_in_process(tiny_model, prompts) -> None
     local = VLLMEngine(str(tiny_model), dtype="fp32", seed=0, max_model_len=512, kv_cache_gib=0.25)
     try:
         with EngineProcess(opts, str(tiny_model), seed=0, max_model_len=512, threads=torch.get_num_threads()) as child:
-            assert child.engine_name == "vllm"
+            assert (child.name, child.max_model_len) == ("vllm", local.max_model_len)
             same = [_tokens(child.generate(prompts, SAMPLED)) == _tokens(local.generate(prompts, SAMPLED))]
             full = _noisy(load_causal_lm(tiny_model, dtype=torch.float32), 4)
             child.update_weights(full, version=1)
