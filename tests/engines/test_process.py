@@ -93,6 +93,16 @@ def test_partial_update_keeps_the_rest(child, tiny_model, prompts) -> None:
     assert _tokens(got) == _tokens(local.generate(prompts, SAMPLED)) != _tokens(HFEngine(str(tiny_model), dtype="fp32").generate(prompts, SAMPLED))
 
 
+def test_a_failed_request_is_one_line_and_the_engine_goes_on(child, tiny_model, prompts) -> None:
+    local = _fresh(child, tiny_model)
+    bad = child.submit(prompts, SamplingParams(max_tokens=4, seeds=(1,)))  # (one seed for three prompts)
+    good = child.submit(prompts, SAMPLED)
+    with pytest.raises(ReasonRLError) as e:
+        child.result(bad)
+    assert "\n" not in str(e.value) and "generating" in str(e.value) and "seeds" in str(e.value)
+    assert _tokens(child.result(good)) == _tokens(local.generate(prompts, SAMPLED))
+
+
 def test_unseeded_lazy_mapping_shared_tensors_close(tiny_model, prompts) -> None:
     """Unseeded generation draws from the same stream as the in-process engine's; a lazy mapping (read one value at a time) and a dict whose two names share one tensor (tied
     embeddings) reach the engine as the same weights."""
