@@ -1,12 +1,12 @@
 """Generation in its own process overlapping training, against the synchronous loop, on this machine.
 
-    nice -n 10 .venv/bin/python bench/engine_process.py                   # SmolLM2-135M-Instruct, 3 repeats (~15 min)
+    nice -n 10 .venv/bin/python bench/engine_process.py --steps 3 --max-tokens 32 --train-rows 4 --sync-threads 2,1   # SmolLM2-135M-Instruct, 3 repeats
     nice -n 10 .venv/bin/python bench/engine_process.py --model tiny --repeats 1   # a smoke run
 
 Each repeat runs the same ``--steps`` training steps twice, side by side:
 
 - (a) synchronous, both cores: vLLM in this process generates the step's batch (torch threads = all
-  cores), then the training workload runs on it (the same threads), then the new weights go into the
+  cores, or ``--sync-threads``), then the training workload runs on it (the same threads), then the new weights go into the
   engine (``VLLMEngine.update_weights``).
 - (b) one step off: vLLM in a child process (``reasonrl.engines.process.EngineProcess``, pinned to
   the last core, 1 torch thread) generates step s+1's batch while this process (pinned to the first
@@ -16,11 +16,11 @@ Each repeat runs the same ``--steps`` training steps twice, side by side:
 The training workload: forward + backward of the policy (fp32, transformers) on ``--train-rows``
 rows of the generated batch (prompt + completion), then an SGD step (no optimizer state: the
 memory of this shared machine). Reported per mode: the wall time of the steps, the time generating
-(in (b), the child's own clock) and training; speedup = wall(a) / wall(b); overlap = the share of the
-shorter phase that ran hidden under the longer one in (b):
-(gen_b + train_b − wall_b) / min(gen_b, train_b) (1: fully hidden, 0: none). Also the weight update:
-the parent writing the state dict to shared memory, the child loading it, and the in-process
-engine's update, with the bytes moved. The machine is shared: the load (``os.getloadavg``) is
+(in (b), the child's own clock) and training; speedup = wall(a) / wall(b); "generation hidden" = the
+share of the child's generation time, over steps 1.. (step 0's batch has no training to hide
+behind), during which the trainer was not waiting for it: 1 − wait / generation. Also the weight
+update: the parent writing the state dict to shared memory, the child loading it, and the
+in-process engine's update, with the bytes moved. The machine is shared: the load (``os.getloadavg``) is
 printed beside each repeat; figures are as measured.
 """
 
@@ -86,6 +86,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--train-rows", type=int, default=8)
     ap.add_argument("--dtype", default="auto", help="the engines' dtype (the trainer computes in fp32)")
+    ap.add_argument("--sync-threads", default=None, help="torch threads of (a), a comma list run in turn (default: one per core; "
+                    "'2,1' also shows (a) on one thread: the overlap apart from what a second OpenMP thread costs on a loaded machine)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     a = ap.parse_args()
 
@@ -124,35 +126,47 @@ def main() -> None:
     local.generate(warm, params)
     child.generate(warm, params)
     rows = []
+    sync_threads = [int(t) for t in a.sync_threads.split(",")] if a.sync_threads else [len(cores)]
     for rep in range(a.repeats):
-        # (a) synchronous on both cores
-        os.sched_setaffinity(0, both)
-        torch.set_num_threads(len(cores))
-        load_a = os.getloadavg()[0]
-        gen_a = train_a = sync_a = 0.0
-        t_a = time.perf_counter()
-        for s in range(a.steps):
-            prompts = _prompts(model_dir, a.prompts, s)
-            t0 = time.perf_counter()
-            out = local.generate(prompts, params)
-            gen_a += time.perf_counter() - t0
-            train_a += _train(model, opt, prompts, out, a.train_rows)
-            t0 = time.perf_counter()
-            local.update_weights(model.state_dict())
-            sync_a += time.perf_counter() - t0
-        wall_a = time.perf_counter() - t_a
+        row: dict[str, float] = {"repeat": rep}
+        # (a) synchronous, this process on both cores, `threads` torch threads
+        for threads in sync_threads:
+            os.sched_setaffinity(0, both)
+            torch.set_num_threads(threads)
+            load_a = os.getloadavg()[0]
+            gen_a = train_a = sync_a = 0.0
+            t_a = time.perf_counter()
+            for s in range(a.steps):
+                prompts = _prompts(model_dir, a.prompts, s)
+                t0 = time.perf_counter()
+                out = local.generate(prompts, params)
+                gen_a += time.perf_counter() - t0
+                train_a += _train(model, opt, prompts, out, a.train_rows)
+                t0 = time.perf_counter()
+                local.update_weights(model.state_dict())
+                sync_a += time.perf_counter() - t0
+            wall_a = time.perf_counter() - t_a
+            row.update({f"wall_a{threads}": wall_a, f"gen_a{threads}": gen_a, f"train_a{threads}": train_a, f"sync_a{threads}": sync_a,
+                        f"load_a{threads}": load_a})
+            print(f"repeat {rep}: (a) sync, {threads} thread(s) on 2 cores: wall {wall_a:.1f} s = gen {gen_a:.1f} + train {train_a:.1f} "
+                  f"+ sync {sync_a:.1f} (load {load_a:.1f})", flush=True)
 
         # (b) one step off: the child generates step s+1 while this process trains on step s
         os.sched_setaffinity(0, {trainer_core})
         torch.set_num_threads(1)
         load_b = os.getloadavg()[0]
-        gen_b = train_b = write_b = apply_b = 0.0
+        gen_b = train_b = write_b = 0.0
+        gen_later = wait_later = 0.0  # (steps >= 1: the generations that had a training step to hide behind)
         applied_before = len(child.applied)
         t_b = time.perf_counter()
         pending = child.submit(_prompts(model_dir, a.prompts, 0), params)
         for s in range(a.steps):
             prompts = _prompts(model_dir, a.prompts, s)
+            t0 = time.perf_counter()
             out = child.result(pending)
+            if s:
+                wait_later += time.perf_counter() - t0
+                gen_later += child.last_generate_seconds
             gen_b += child.last_generate_seconds
             if s + 1 < a.steps:
                 pending = child.submit(_prompts(model_dir, a.prompts, s + 1), params)
@@ -162,20 +176,21 @@ def main() -> None:
         wall_b = time.perf_counter() - t_b
         child.generate([[1]], SamplingParams(max_tokens=1, temperature=0))  # (waits for the last update to be applied)
         apply_b = sum(sec for _, sec in child.applied[applied_before:])
-        hidden = (gen_b + train_b - wall_b) / min(gen_b, train_b)
-        row = {"repeat": rep, "load_a": load_a, "load_b": load_b, "wall_a": wall_a, "gen_a": gen_a, "train_a": train_a, "sync_a": sync_a,
-               "wall_b": wall_b, "gen_b": gen_b, "train_b": train_b, "write_b": write_b, "apply_b": apply_b,
-               "speedup": wall_a / wall_b, "overlap": hidden}
+        hidden = 1 - wait_later / gen_later if gen_later else float("nan")
+        row.update({"load_b": load_b, "wall_b": wall_b, "gen_b": gen_b, "train_b": train_b, "write_b": write_b, "apply_b": apply_b,
+                    "hidden": hidden, **{f"speedup{t}": row[f"wall_a{t}"] / wall_b for t in sync_threads}})
         rows.append(row)
-        print(f"repeat {rep}: (a) sync 2 cores: wall {wall_a:.1f} s = gen {gen_a:.1f} + train {train_a:.1f} + sync {sync_a:.1f} (load {load_a:.1f}) | "
-              f"(b) one step off, 1+1 cores: wall {wall_b:.1f} s, gen {gen_b:.1f} (child), train {train_b:.1f}, write {write_b:.2f}, "
-              f"child applies {apply_b:.2f} (load {load_b:.1f}) | speedup {wall_a / wall_b:.2f}x, overlap {hidden:.2f}", flush=True)
+        print(f"repeat {rep}: (b) one step off, 1+1 cores: wall {wall_b:.1f} s, gen {gen_b:.1f} (child), train {train_b:.1f}, "
+              f"write {write_b:.2f}, child applies {apply_b:.2f} (load {load_b:.1f}) | generation hidden behind training (steps >= 1): "
+              f"{hidden:.2f} | speedup " + ", ".join(f"{row[f'wall_a{t}'] / wall_b:.2f}x over (a) {t} thread(s)" for t in sync_threads), flush=True)
 
     per = lambda k: statistics.median(r[k] for r in rows) / a.steps  # noqa: E731
+    t0 = sync_threads[0]
     print(f"weights: {nbytes / 1e6:.0f} MB per update; per update (median): parent writes {per('write_b'):.2f} s, child loads "
-          f"{per('apply_b'):.2f} s; in-process engine update {per('sync_a'):.2f} s")
-    print(f"median over {len(rows)} repeats: speedup {statistics.median(r['speedup'] for r in rows):.2f}x, "
-          f"overlap {statistics.median(r['overlap'] for r in rows):.2f}")
+          f"{per('apply_b'):.2f} s; in-process engine update {per(f'sync_a{t0}'):.2f} s")
+    print(f"median over {len(rows)} repeats: " + ", ".join(f"speedup over (a) {t} thread(s) {statistics.median(r[f'speedup{t}'] for r in rows):.2f}x"
+                                                            for t in sync_threads)
+          + f"; generation hidden {statistics.median(r['hidden'] for r in rows):.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "weights_bytes": nbytes, "rows": rows}, indent=1))
     child.close()
