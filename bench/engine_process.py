@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="the engines' dtype (the trainer computes in fp32)")
     ap.add_argument("--sync-threads", default=None, help="torch threads of (a), a comma list run in turn (default: one per core; "
                     "'2,1' also shows (a) on one thread: the overlap apart from what a second OpenMP thread costs on a loaded machine)")
+    ap.add_argument("--no-pin", action="store_true", help="(b) without pinning: the child and the trainer may each run on either core")
     ap.add_argument("--json", default=None, help="also write the figures here")
     a = ap.parse_args()
 
@@ -115,8 +116,9 @@ def main() -> None:
     print(f"in-process vLLM built in {time.perf_counter() - t0:.1f} s ({local.dtype})", flush=True)
     t0 = time.perf_counter()
     child = EngineProcess(EngineOptions(engine="vllm", dtype=a.dtype, kv_cache_gib=0.5), str(model_dir), seed=0, max_model_len=512,
-                          threads=1, cpus=[engine_core])
-    print(f"child vLLM built in {time.perf_counter() - t0:.1f} s (pid {child.pid}, core {engine_core}, 1 thread)", flush=True)
+                          threads=1, cpus=None if a.no_pin else [engine_core])
+    print(f"child vLLM built in {time.perf_counter() - t0:.1f} s (pid {child.pid}, {'any core' if a.no_pin else f'core {engine_core}'}, 1 thread)",
+          flush=True)
     model = load_causal_lm(model_dir, dtype=torch.float32)
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     sd = model.state_dict()
@@ -152,7 +154,7 @@ def main() -> None:
                   f"+ sync {sync_a:.1f} (load {load_a:.1f})", flush=True)
 
         # (b) one step off: the child generates step s+1 while this process trains on step s
-        os.sched_setaffinity(0, {trainer_core})
+        os.sched_setaffinity(0, both if a.no_pin else {trainer_core})
         torch.set_num_threads(1)
         load_b = os.getloadavg()[0]
         gen_b = train_b = write_b = 0.0
@@ -180,7 +182,7 @@ def main() -> None:
         row.update({"load_b": load_b, "wall_b": wall_b, "gen_b": gen_b, "train_b": train_b, "write_b": write_b, "apply_b": apply_b,
                     "hidden": hidden, **{f"speedup{t}": row[f"wall_a{t}"] / wall_b for t in sync_threads}})
         rows.append(row)
-        print(f"repeat {rep}: (b) one step off, 1+1 cores: wall {wall_b:.1f} s, gen {gen_b:.1f} (child), train {train_b:.1f}, "
+        print(f"repeat {rep}: (b) one step off, 1+1 threads{' unpinned' if a.no_pin else ', pinned'}: wall {wall_b:.1f} s, gen {gen_b:.1f} (child), train {train_b:.1f}, "
               f"write {write_b:.2f}, child applies {apply_b:.2f} (load {load_b:.1f}) | generation hidden behind training (steps >= 1): "
               f"{hidden:.2f} | speedup " + ", ".join(f"{row[f'wall_a{t}'] / wall_b:.2f}x over (a) {t} thread(s)" for t in sync_threads), flush=True)
 
