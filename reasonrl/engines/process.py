@@ -221,7 +221,7 @@ class EngineProcess:
         with self._lock:
             self._updates += 1
             seq = self._updates
-            source, manifest = _write_weights(state_dict, f"reasonrl-weights-{seq}")
+            source, manifest = write_weights(state_dict, f"reasonrl-weights-{seq}")
             if source[0] == "fd":
                 self._weight_fds[seq] = source[2]
             else:
@@ -342,7 +342,7 @@ class EngineProcess:
             q.put(("failed", self._failure))
 
 
-def _write_weights(state_dict: Mapping[str, Any], label: str) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+def write_weights(state_dict: Mapping[str, Any], label: str) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
     """Write the tensors of ``state_dict`` into a new in-memory file: (where it is, the manifest).
 
     The manifest holds ``(name, "tensor", dtype name, shape, offset)`` per tensor (offsets
@@ -402,7 +402,7 @@ def _write_weights(state_dict: Mapping[str, Any], label: str) -> tuple[tuple[Any
 # Child side
 
 
-def _read_weights(source: tuple[Any, ...], manifest: list[tuple[Any, ...]], partial: bool) -> WeightsView:
+def read_weights(source: tuple[Any, ...], manifest: list[tuple[Any, ...]], partial: bool) -> WeightsView:
     """The tensors of an update, viewing the parent's file (mapped privately: nothing is copied
     until the engine copies them in)."""
     import torch
@@ -507,7 +507,7 @@ def serve(req_fd: int, resp_fd: int, parent: int) -> None:
                 _, seq, version, source, manifest, partial = msg
                 t0 = time.perf_counter()
                 try:
-                    weights = _read_weights(source, manifest, partial)
+                    weights = read_weights(source, manifest, partial)
                     engine.update_weights(weights)
                     del weights
                 except Exception as e:  # noqa: BLE001 - later generations would use the wrong weights: fatal

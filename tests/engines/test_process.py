@@ -260,3 +260,30 @@ def test_vllm_in_its_own_process_matches_in_process(tiny_model, prompts) -> None
                                        torch.tensor([x for gr in want for c in gr for x in c.logprobs]), atol=1e-5, rtol=0)
     finally:
         local.close()
+
+
+def test_weights_round_trip_through_shared_memory() -> None:
+    """What the child's engine receives: every value and dtype as sent, ``partial`` kept, two names
+    of one tensor in a plain dict written once (another mapping, possibly lazy, is never deduplicated by
+address: a freed tensor's address can come back)."""
+    from reasonrl.engines.process import WeightsView, read_weights, write_weights
+
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(7, 5, generator=g)
+    sd = {"model.embed_tokens.weight": emb, "lm_head.weight": emb, "a.bf16": torch.randn(3, 3, generator=g).bfloat16(),
+          "a.int": torch.arange(5), "a.scalar": torch.tensor(2.5), "a.view": torch.randn(4, 6, generator=g)[:, 1:4], "a.meta": "x"}
+    part = WeightsView(sd)
+    part.partial = True
+    sizes = []
+    for sent, partial in ((sd, False), (part, True)):
+        source, manifest = write_weights(sent, "test")
+        try:
+            got = read_weights(source, manifest, partial=bool(getattr(sent, "partial", False)))
+        finally:
+            os.close(source[2]) if source[0] == "fd" else None
+        assert got.partial is partial and list(got) == list(sd) and got["a.meta"] == "x"
+        for k, v in sd.items():
+            if isinstance(v, torch.Tensor):
+                assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+        sizes.append(source[-1])
+    assert sizes[1] - sizes[0] >= emb.numel() * 4  # (a plain dict's shared embedding written once; not deduplicated in another mapping)
