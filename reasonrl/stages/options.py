@@ -1,7 +1,8 @@
 """Options shared by the stages that generate (rollout, pretrain-value, train, eval): the model
 and engine, sampling, what the console shows and where metrics go; the engine + tokenizer + scorer
 they open together; the training backend options shared by the stages that train (pretrain-value,
-train), and the backend they make."""
+train). What those two stages build from them (the ranks, the backends, the collector and the
+learner) is ``reasonrl.train.run``'s."""
 
 from __future__ import annotations
 
@@ -365,109 +366,3 @@ class LoraOpts:
             if rank and key in old and was != getattr(self, key):
                 raise ReasonRLError(f"--resume with {flag} {shown(getattr(self, key))}: the run in {out} trains its adapter with {flag} {shown(was)}; "
                                     f"resume with the run's {flag}, or start over with --overwrite")
-
-
-def start_ranks(cfg: BackendOpts) -> tuple[int, int]:
-    """(rank, world size): the launcher's process group for DeepSpeed (joined here, each rank on its
-    GPU), else (0, 1)."""
-    if cfg.backend != "deepspeed":
-        return 0, 1
-    from reasonrl.train.ds_backend import init_distributed
-
-    return init_distributed()
-
-
-def make_backend(cfg: Any, model: Any, lr: float, dtype: str, steps: int | None = None) -> Any:
-    """The backend ``cfg.backend`` names for ``model`` (``cfg``: BackendOpts and ScheduleOpts plus the
-    optimiser's ``weight_decay``, ``grad_clip``, and ``steps`` and ``micro_batch_size``); the LR
-    schedule spans ``steps`` (default ``cfg.steps``; `pretrain-value --epochs` counts its own)."""
-    common = dict(lr=lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip, dtype=dtype, **cfg.schedule(cfg.steps if steps is None else steps))
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if cfg.backend == "deepspeed":
-        from reasonrl.train.ds_backend import DeepSpeedBackend
-
-        return DeepSpeedBackend(model, **common, zero=cfg.zero, offload=cfg.offload, micro_batch_size=cfg.micro_batch_size)
-    from reasonrl.train.backend import TorchBackend
-
-    return TorchBackend(model, **common)
-
-
-# ---------------------------------------------------------------- what the training stages set up alike
-
-
-def training_rows(data: str) -> list[dict[str, Any]]:
-    """The prepared data's training rows (``--data``); none is an error naming the fix."""
-    from reasonrl.data import load_prepared
-    from reasonrl.errors import ReasonRLError
-    from reasonrl.models.hub import is_hub_data
-
-    if is_hub_data(data) and not Path(data).exists():
-        # A hub dataset already in verl's RL format (a prepare-data output, DAPO-Math-17k's parquet)
-        # is read as it is; any other needs prepare-data first.
-        from reasonrl.data.readers import hub_data_file
-
-        try:
-            rows = load_prepared(hub_data_file(data), "train")
-        except ReasonRLError as e:
-            if "verl" not in str(e):
-                raise
-            raise ReasonRLError(f"--data {data} is not in verl's RL format (prompt, reward_model, ...): run `reasonrl prepare-data {data} --out DIR` "
-                                "first (it makes the answers integers, templates and splits), then pass --data DIR") from None
-    else:
-        rows = load_prepared(data, "train")
-    if not rows:
-        raise ReasonRLError(f"{data} has no training rows: run `reasonrl prepare-data` on a larger dataset")
-    return rows
-
-
-def validation_rows(cfg: Any) -> list[dict[str, Any]]:
-    """The distinct validation problems of a run with ``--val-every``: ``--val-data`` (a prepared
-    directory's validation split, an eval set or a data file), else the training data's validation
-    split; the first ``--val-max-problems``."""
-    from reasonrl.errors import ReasonRLError
-    from reasonrl.evaluation.datasets import load_problems
-    from reasonrl.evaluation.problems import merge_replicas
-
-    from reasonrl.models.hub import is_hub_data
-
-    src = cfg.val_data or cfg.data
-    if not cfg.val_data and is_hub_data(cfg.data) and not Path(cfg.data).exists():
-        raise ReasonRLError(f"--val-every: --data {cfg.data} is one split of a hub dataset, with no held-out problems beside it: pass --val-data "
-                            "(its validation split as hf:ORG/NAME@validation, or an eval set such as math500), or --val-every 0")
-    rows = load_problems(src, cfg.val_template)
-    problems = merge_replicas(rows, [r["extra_info"]["where"] for r in rows]).rows if rows else []
-    if not problems:
-        raise ReasonRLError(f"--val-every: {src} has no validation problems: pass --val-data (an eval set such as math500, or a data file), "
-                            "or prepare the data with a validation split (prepare-data --val-size N)")
-    return problems[: cfg.val_max_problems] if cfg.val_max_problems else problems
-
-
-def make_collector(cfg: Any, *, spec: Any, engine: Any, tokenizer: Any, scorer: Any, stream: Any, ranks: Any, **dynamic: Any) -> Any:
-    """The collector of a training stage: G responses per prompt of ``cfg``'s sampling options (up
-    to ``max_response_len`` tokens), seeded by ``cfg.seed``; ``dynamic``: the reward shaping and
-    dynamic sampling's options (``overlong_cache_len``, ``oversample``, ``max_rounds``)."""
-    from reasonrl.engines.base import SamplingParams
-    from reasonrl.train.collector import Collector
-
-    sampling = SamplingParams(n=cfg.group_size, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_tokens=cfg.max_response_len)
-    return Collector(spec=spec, engine=engine, tokenizer=tokenizer, scorer=scorer, stream=stream, sampling=sampling,
-                     max_prompt_len=cfg.max_prompt_len, seed=cfg.seed, ranks=ranks, **dynamic)
-
-
-def make_learner(cfg: Any, *, spec: Any, tokenizer: Any, dtype: str, ranks: Any, policy: Any = None, policy_backend: Any = None,
-                 critic_backend: Any = None, ref_model: Any = None, ppo_epochs: int = 1) -> Any:
-    """The learner of a training stage: its log-probabilities of the distribution the engine
-    samples (``cfg``'s temperature, top-k, top-p), L_max = ``max_response_len``, the micro-batch
-    size per process and the mini-batch size over all processes (``mini_batch_size`` / world)."""
-    from reasonrl.algos import Sampling
-    from reasonrl.train.batch import check_forward_mode
-    from reasonrl.train.learner import Learner
-
-    check_forward_mode(cfg.forward_mode, policy, critic_backend.model if critic_backend is not None else None, ref_model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return Learner(spec=spec, policy=policy, policy_backend=policy_backend, critic_backend=critic_backend, ref_model=ref_model,
-                   sampling=Sampling(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k), pad_id=pad_id, max_len=cfg.max_response_len,
-                   micro_batch_size=cfg.micro_batch_size, mini_batch_size=max(1, cfg.mini_batch_size // ranks.world), ppo_epochs=ppo_epochs,
-                   dtype=dtype, seed=cfg.seed, ranks=ranks, max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-                   forward_mode=cfg.forward_mode)

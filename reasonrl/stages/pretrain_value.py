@@ -43,8 +43,7 @@ from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import SEED_MAX, check, opt, to_dict
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.tracking.base import TRACKER_OUTPUTS
-from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, ScheduleOpts, TrackOpts, make_backend,
-                                      make_collector, make_learner, start_ranks, training_rows)
+from reasonrl.stages.options import BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, ScheduleOpts, TrackOpts
 
 
 #: What `pretrain-value` writes in its directory (a rerun removes them first; the manifest comes last).
@@ -98,6 +97,7 @@ def held_out_rows(data: str, n: int) -> tuple[list[dict[str, Any]], bool]:
     from reasonrl.data import load_prepared
     from reasonrl.errors import MissingArtifactError
     from reasonrl.models.hub import is_hub_data
+    from reasonrl.train.run import training_rows
 
     if is_hub_data(data) and not Path(data).exists():  # (one split of a hub dataset: nothing held out beside it)
         return training_rows(data)[:n], True
@@ -167,36 +167,100 @@ def _picture(learner: Any, st: Any, group_size: int) -> dict[str, Any]:
     return m
 
 
+@dataclass
+class ValueData:
+    """Where value pretraining's responses come from: ``--rollouts``' saved groups (``art``; no
+    engine), or ``--data``'s rows sampled by the engine; and its held-out batch."""
+
+    steps: int
+    group_size: int
+    in_sample: bool
+    reward: dict[str, Any]
+    art: Any = None
+    saved: list[Any] = dataclasses.field(default_factory=list)  # (offline) the groups trained on, and the held-out ones
+    held_saved: list[Any] = dataclasses.field(default_factory=list)
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # (sampled) the training rows, and the held-out ones
+    held_rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def value_data(cfg: PretrainValueConfig, policy_dir: Path) -> ValueData:
+    """``cfg``'s :class:`ValueData`, checked (nothing is written yet)."""
+    from reasonrl.train.run import training_rows
+
+    if cfg.rollouts:  # offline: the artifact's responses; no data, engine or scorer
+        art = saved_rollouts(cfg, policy_dir)
+        saved, held_saved = split_saved(art.groups, cfg.eval_prompts, cfg.seed)
+        steps = math.ceil(cfg.epochs * len(saved) / cfg.prompts_per_step) if cfg.epochs else cfg.steps
+        group_size = int(art.manifest.get("config", {}).get("group_size") or len(saved[0]))
+        return ValueData(steps, group_size, False, art.reward, art=art, saved=saved, held_saved=held_saved)
+    rows = training_rows(cfg.data)
+    held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
+    return ValueData(cfg.steps, cfg.group_size, in_sample, cfg.reward_record(), rows=rows, held_rows=held_rows)
+
+
+def value_collectors(cfg: PretrainValueConfig, data: ValueData, *, spec: A.AlgoSpec, tokenizer: Any, policy_dir: Path, ranks: Any) -> tuple[Any, Any, list[Any], str]:
+    """(the steps' collector, the held-out batch's (None: ``data.held_saved`` is it), what to close
+    after, the held-out batch's label); the engine on the fixed policy when the responses are sampled."""
+    from reasonrl.engines.registry import make_engine
+    from reasonrl.rewards import RewardScorer
+    from reasonrl.train.collector import DataStream, Replay
+    from reasonrl.train.run import make_collector
+
+    if data.art is not None:
+        return Replay(data.saved, cfg.seed, ranks), None, [], f"held-out: {len(data.held_saved)} prompts of the rollouts, not trained on"
+    engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + ranks.rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len,
+                         decode_steps=cfg.steps * cfg.max_response_len)
+    scorer = RewardScorer(reward=cfg.reward)
+    collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tokenizer, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
+                                      overlong_cache_len=0) for r in (data.rows, data.held_rows))
+    label = "in-sample: no validation split, drawn from the training rows" if data.in_sample else "held-out: the validation split"
+    return collector, held, [scorer, engine], label
+
+
+def value_model(init_dir: Path, lora: Any, *, seed: int) -> Any:
+    """The value model to train, initialised from ``init_dir``; with ``lora`` (LoraSettings) an
+    adapter on the backbone, the value head trained in full."""
+    from reasonrl.devices import default_device
+    from reasonrl.models.value import new_value_model
+
+    critic = new_value_model(init_dir, seed=seed).to(default_device())
+    if lora is not None:
+        from reasonrl.models.lora import apply_lora
+
+        critic = apply_lora(critic, lora, seed=seed, base_path=init_dir, critic=True)
+    return critic
+
+
+def held_out_groups(held: Any, data: ValueData, ranks: Any) -> list[Any]:
+    """The held-out batch, every rank's share on every rank: the saved held-out groups, or generated
+    and scored by ``held`` (at step 0: training steps are 1..N)."""
+    from reasonrl.progress import status
+
+    if held is None:
+        return data.held_saved
+    status("held-out batch: generate + score")
+    return _all_groups(held.collect(len(data.held_rows), step=0, dynamic=False).groups, ranks)
+
+
 @releases_claims
 def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[str, Any]:
     from rich.console import Console
 
-    from reasonrl.devices import default_device, resolve_dtype
-    from reasonrl.engines.registry import make_engine
+    from reasonrl.devices import resolve_dtype
     from reasonrl.models.loading import check_weights, load_tokenizer
-    from reasonrl.models.value import new_value_model
+    from reasonrl.models.lora import trainable_line
     from reasonrl.progress import Display, status
-    from reasonrl.rewards import RewardScorer
     from reasonrl.tracking import RunLog
-    from reasonrl.train.collector import DataStream, Replay
     from reasonrl.train.backend import save_policy
-    from reasonrl.train.step_metrics import flatten_metrics, position_metrics, rollout_metrics
     from reasonrl.train.ranks import Ranks
+    from reasonrl.train.run import make_backend, make_learner, start_ranks
+    from reasonrl.train.step import value_step
+    from reasonrl.train.step_metrics import flatten_metrics
 
     console = console or Console(stderr=True)
     policy_dir = cfg.policy_dir()
-    art, steps = None, cfg.steps
-    if cfg.rollouts:  # offline: the artifact's responses; no data, engine or scorer
-        art = saved_rollouts(cfg, policy_dir)
-        saved, held_saved = split_saved(art.groups, cfg.eval_prompts, cfg.seed)
-        if cfg.epochs:
-            steps = math.ceil(cfg.epochs * len(saved) / cfg.prompts_per_step)
-        group_size = int(art.manifest.get("config", {}).get("group_size") or len(saved[0]))
-        in_sample, reward = False, art.reward
-    else:
-        rows = training_rows(cfg.data)
-        held_rows, in_sample = held_out_rows(cfg.data, cfg.eval_prompts)
-        group_size, reward = cfg.group_size, cfg.reward_record()
+    data = value_data(cfg, policy_dir)
+    art, steps = data.art, data.steps
     init_dir = check_weights(cfg.critic_init, cfg.allow_pickle, what="--critic-init") if cfg.critic_init else policy_dir
     lora = cfg.lora_settings()
     if lora is not None:
@@ -214,26 +278,11 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     torch.manual_seed(cfg.seed)
     dtype = resolve_dtype(cfg.dtype)
     tok = load_tokenizer(policy_dir)
-    critic = new_value_model(init_dir, seed=cfg.seed).to(default_device())
-    if lora is not None:  # LoRA on the backbone; the value head trained in full
-        from reasonrl.models.lora import apply_lora, trainable_line
-
-        critic = apply_lora(critic, lora, seed=cfg.seed, base_path=init_dir, critic=True)
+    critic = value_model(init_dir, lora, seed=cfg.seed)
     critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype, steps)
     spec = value_spec(cfg.lam_actor)
-    engine = scorer = None
-    if art is not None:
-        collector: Any = Replay(saved, cfg.seed, ranks)
-        label = f"held-out: {len(held_saved)} prompts of the rollouts, not trained on"
-        source = f"{len(saved)} prompts × {group_size} saved responses of {art.path}"
-    else:
-        engine = make_engine(cfg, str(policy_dir), seed=(cfg.seed + rank) % (SEED_MAX + 1), max_model_len=cfg.max_prompt_len + cfg.max_response_len,
-                             decode_steps=cfg.steps * cfg.max_response_len)
-        scorer = RewardScorer(reward=cfg.reward)
-        collector, held = (make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=DataStream(r, cfg.seed), ranks=ranks,
-                                          overlong_cache_len=0) for r in (rows, held_rows))
-        label = "in-sample: no validation split, drawn from the training rows" if in_sample else "held-out: the validation split"
-        source = f"{len(rows)} prompts"
+    collector, held, closing, label = value_collectors(cfg, data, spec=spec, tokenizer=tok, policy_dir=policy_dir, ranks=ranks)
+    source = f"{len(data.saved)} prompts × {data.group_size} saved responses of {art.path}" if art is not None else f"{len(data.rows)} prompts"
     learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, critic_backend=critic_backend)
     display = Display(console, quiet=cfg.quiet or rank != 0)
     say = display.print if rank == 0 else (lambda *a, **k: None)
@@ -242,63 +291,54 @@ def run_pretrain_value(cfg: PretrainValueConfig, console: Any = None) -> dict[st
     runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), rank=rank, then="the run stops (no manifest): rerun `reasonrl pretrain-value`")
     try:
         display.start()
-        if art is not None:
-            held_groups = held_saved  # (every rank: all of them)
-        else:
-            status("held-out batch: generate + score")
-            held_groups = _all_groups(held.collect(len(held_rows), step=0, dynamic=False).groups, ranks)  # (training steps are 1..N)
+        held_groups = held_out_groups(held, data, ranks)
         status("held-out batch: values before pretraining")
-        held_st = learner.prepare(held_groups)
-        before = _picture(learner, held_st, group_size)
+        before = _picture(learner, learner.prepare(held_groups), data.group_size)
         say(f"[bold]pretrain-value[/] on {policy_dir} ({source}, backend {cfg.backend} ×{world}) | bias picture {label} | "
             f"before: value loss {before['value_loss']:.4f}, explained variance {before.get('explained_variance', 0):.3f}"
             + (f" | {trainable_line(critic)}, the value head in full" if lora is not None else ""))
         for step in range(1, steps + 1):
-            status(f"value step {step}: " + ("saved responses" if art is not None else "generate + score"))
-            col = collector.collect(cfg.prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
-            if not col.groups:
-                critic_backend.scheduler_step()  # (the LR schedule counts steps, with or without an update)
-                bar.advance()
-                continue
-            status(f"value step {step}: values + update critic")
-            st = learner.prepare(col.groups, step=step)
-            learner.advantages(st, group_size=group_size)
-            # rollout/ and critic/ update metrics are global; the by-position picture is this rank's share
-            m = {"step": step, **rollout_metrics(col, None, ranks), **learner.update_critic(st)}
-            critic_backend.scheduler_step()
-            m.update(position_metrics(st))
-            history.append(m)
-            runlog.append(m)  # metrics.jsonl, then the trackers (rank 0)
-            say(f"value step {step}/{steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
-                f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('rollout/acc_mean', 0):.3f}")
+            m = value_step(collector, learner, step=step, prompts_per_step=cfg.prompts_per_step, group_size=data.group_size,
+                           source="saved responses" if art is not None else "generate + score")
+            if m is not None:
+                history.append(m)
+                runlog.append(m)  # metrics.jsonl, then the trackers (rank 0)
+                say(f"value step {step}/{steps} | vf_loss {m.get('critic/vf_loss', float('nan')):.4f} | "
+                    f"explained var {m.get('critic/explained_variance', float('nan')):.3f} | acc {m.get('rollout/acc_mean', 0):.3f}")
             bar.advance()
         status("held-out batch: values under the trained critic")
-        held_st = learner.prepare(held_groups)  # values under the trained critic, same responses
-        after = _picture(learner, held_st, group_size)
+        after = _picture(learner, learner.prepare(held_groups), data.group_size)  # values under the trained critic, same responses
     finally:
         display.stop()
         runlog.close()
-        for closing in (scorer, engine):
-            if closing is not None:
-                closing.close()
+        for c in closing:
+            c.close()
     with run.writing(OUTPUTS) if run is not None else contextlib.nullcontext():
         save_policy(critic_backend, out / "critic", tok)  # every rank: ZeRO-3 gathers the shards (LoRA: merged, critic/adapter/ the adapter)
         summary = {"steps": steps, "before": flatten_metrics(before), "after": flatten_metrics(after), "last": flatten_metrics(history[-1]) if history else {}}
         if rank == 0:
-            bias = {"before": before, "after": after, "held_out": "in-sample" if in_sample else ("rollouts" if art is not None else "validation"), "held_out_prompts": len(held_groups),
-                    "held_out_responses": sum(len(g) for g in held_groups)}
-            if art is not None:
-                summary["rollouts"] = {"path": str(art.path), "prompts": len(saved), "held_out_prompts": len(held_saved), "responses": sum(len(g) for g in saved),
-                                       "epochs": round(steps * cfg.prompts_per_step / len(saved), 3), "sampled_by": art.policy}
-                bias["rollouts"] = str(art.path)
-            write_json(out / "bias.json", bias)
-            write_json(out / "summary.json", summary)
-            inputs = {"rollouts": str(art.path)} if art is not None else {"data": cfg.data}
-            write_manifest(out, "pretrain-value", to_dict(cfg), {**inputs, "policy": str(policy_dir)},
-                           extra={"outputs": ["critic/", *(["critic/adapter/"] if lora is not None else []), "metrics.jsonl", "bias.json"], "world_size": world, "reward": reward, "steps": steps,
-                                  **({"sampled_by": art.policy} if art is not None else {})})
-    say(f"critic → {out / 'critic'} | {'in-sample' if in_sample else 'held-out'} value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
+            write_outputs(cfg, out, data, summary, before, after, held_groups, policy_dir=policy_dir, lora=lora is not None, world=world)
+    say(f"critic → {out / 'critic'} | {'in-sample' if data.in_sample else 'held-out'} value loss {before['value_loss']:.4f} → {after['value_loss']:.4f}, "
         f"explained variance {before.get('explained_variance', 0):.3f} → {after.get('explained_variance', 0):.3f}")
     if world > 1:
         torch.distributed.barrier()
     return summary
+
+
+def write_outputs(cfg: PretrainValueConfig, out: Path, data: ValueData, summary: dict[str, Any], before: dict[str, Any], after: dict[str, Any],
+                  held_groups: list[Any], *, policy_dir: Path, lora: bool, world: int) -> None:
+    """bias.json, summary.json (``summary``, with the rollouts' counts when it learned from them) and the manifest (rank 0)."""
+    art, steps = data.art, summary["steps"]
+    bias = {"before": before, "after": after, "held_out": "in-sample" if data.in_sample else ("rollouts" if art is not None else "validation"),
+            "held_out_prompts": len(held_groups), "held_out_responses": sum(len(g) for g in held_groups)}
+    if art is not None:
+        summary["rollouts"] = {"path": str(art.path), "prompts": len(data.saved), "held_out_prompts": len(data.held_saved),
+                               "responses": sum(len(g) for g in data.saved), "epochs": round(steps * cfg.prompts_per_step / len(data.saved), 3),
+                               "sampled_by": art.policy}
+        bias["rollouts"] = str(art.path)
+    write_json(out / "bias.json", bias)
+    write_json(out / "summary.json", summary)
+    inputs = {"rollouts": str(art.path)} if art is not None else {"data": cfg.data}
+    write_manifest(out, "pretrain-value", to_dict(cfg), {**inputs, "policy": str(policy_dir)},
+                   extra={"outputs": ["critic/", *(["critic/adapter/"] if lora else []), "metrics.jsonl", "bias.json"], "world_size": world,
+                          "reward": data.reward, "steps": steps, **({"sampled_by": art.policy} if art is not None else {})})

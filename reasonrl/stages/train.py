@@ -1,7 +1,9 @@
 """`reasonrl train`: on-policy RL with any `--algo` row (ppo, vcppo, grpo, dapo, gspo, cispo, drgrpo, vapo).
 
-Set up the models, backends, engine and data, then run ``reasonrl.train.step.train_step`` once per
-step with checkpoints; write the final policy, ``summary.json`` and the manifest last.
+Check the inputs and claim the run directory (:func:`check_inputs`); build the run
+(``reasonrl.train.run.build_run``: models, backends, engine, data, every stateful part put back from
+the checkpoint a --resume continues); run ``reasonrl.train.step.train_step`` once per step with
+checkpoints (``Run.save``); write the final policy, ``summary.json`` and the manifest last.
 
 SIGTERM / SIGINT (``reasonrl.interrupts.StepStop``): the run stops at a step boundary, every rank at
 the same step: a step that has started its updates is finished, one still collecting its rollouts
@@ -24,14 +26,11 @@ from typing import Any
 import torch
 
 from reasonrl import algos as A
-from reasonrl.artifacts import append_jsonl, last_record, read_manifest, write_json, write_manifest
+from reasonrl.artifacts import last_record, read_manifest, write_json, write_manifest
 from reasonrl.config import check, opt, section, to_dict
-from reasonrl.devices import default_device, resolve_dtype
 from reasonrl.errors import MissingArtifactError, ReasonRLError
-from reasonrl.perf import StepPerf
 from reasonrl.rundir import releases_claims
-from reasonrl.stages.options import (BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, TrackOpts, ValOpts, make_backend, make_collector,
-                                      make_learner, start_ranks, training_rows, validation_rows)
+from reasonrl.stages.options import BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, TrackOpts, ValOpts
 from reasonrl.stages.options import ScheduleOpts
 
 
@@ -115,11 +114,6 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, Sche
         check(self.max_gen_rounds >= segments, f"with --partial-rollout-len {self.partial_rollout_len} a round is one segment, and a response of "
               f"max_response_len ({self.max_response_len}) takes {segments}: raise --max-gen-rounds to {segments} or more (it is {self.max_gen_rounds}), "
               "or lengthen the segment, or the first step could finish no group whose longest response runs to the cap")
-
-    @property
-    def rollouts(self) -> str:
-        """``filter_rollouts`` under its old name (what the run's setup reads)."""
-        return self.filter_rollouts
 
     def algo_spec(self) -> A.AlgoSpec:
         """The --algo row with this run's overrides applied."""
@@ -284,31 +278,37 @@ def run_train(cfg: TrainConfig, console: Any = None) -> dict[str, Any]:
     raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress, again=again)) from None
 
 
-def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -> dict[str, Any]:
-    from rich.console import Console
+@dataclass
+class TrainInputs:
+    """What `train` checked before writing anything (:func:`check_inputs`), and the run directory it claimed."""
 
-    from reasonrl.engines.base import engine_compiled, engine_label
-    from reasonrl.engines.registry import make_engine
-    from reasonrl.interrupts import Interrupted, StepAbandoned
-    from reasonrl.models import lora as L
-    from reasonrl.models.loading import check_weights, load_causal_lm, load_tokenizer
-    from reasonrl.progress import Display
-    from reasonrl.rewards import RewardScorer
-    from reasonrl.tracking import RunLog
-    from reasonrl.train.checkpoint import best_step, latest_checkpoint, save_best, save_checkpoint, start_run
-    from reasonrl.train.collector import DataStream
-    from reasonrl.train.ranks import Ranks
-    from reasonrl.train.step_metrics import flatten_metrics, log_line, val_line
-    from reasonrl.train.step import train_step
-    from reasonrl.train.validation import Best, Validator
+    spec: A.AlgoSpec  # --algo with its overrides
+    rows: list[dict[str, Any]]
+    val_rows: list[dict[str, Any]]
+    policy: Any  # reasonrl.train.run.Policy
+    critic: Path | None  # --critic, resolved
+    rated: Any  # --rollouts' filter counts, or None
+    reward: dict[str, Any]
+    settings: dict[str, Any]  # config.json's
+    rank: int
+    world: int
+    tokenizer: Any
+    claim: Any  # the run directory's claim (rank 0), else None
+    resumed: Any  # reasonrl.train.checkpoint.Resumed, or None
 
-    console = console or Console(stderr=True)
+
+def check_inputs(cfg: TrainConfig, console: Any, progress: TrainProgress) -> TrainInputs:
+    """Validate every input before anything is written; claim the run directory (rank 0) and open
+    the checkpoint a --resume continues from."""
+    from reasonrl.models.loading import check_weights, load_tokenizer
+    from reasonrl.train.checkpoint import latest_checkpoint, open_checkpoint, start_run
+    from reasonrl.train.run import Policy, start_ranks, training_rows, validation_rows
+
     spec = cfg.algo_spec()
     out = Path(cfg.out)
-    # Validate every input before anything is written.
     rows = training_rows(cfg.data)
     val_rows = validation_rows(cfg) if cfg.val_every else []
-    policy_dir = cfg.policy_dir()
+    policy = Policy(cfg.policy_dir(), cfg.lora_settings())
     cdir: Path | None = None
     if spec.use_critic:
         if cfg.critic:
@@ -317,18 +317,15 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
             raise MissingArtifactError(f"--algo {cfg.algo} needs a pretrained critic: run `reasonrl pretrain-value` first and pass --critic runs/critic")
     elif cfg.critic:
         console.print(f"[yellow]note: --algo {cfg.algo} uses no critic; --critic is ignored[/]")
-
-    lora = cfg.lora_settings()
-    if lora is not None:
-        L.check_targets(policy_dir, lora)  # (the architecture on the meta device: a bad target is refused before anything is written)
+    policy.check()
     rank, world = start_ranks(cfg)
-    tok = load_tokenizer(policy_dir)
+    tok = load_tokenizer(policy.base_dir)
     rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
     rated = None
-    if cfg.rollouts:
+    if cfg.filter_rollouts:
         rows, rated = rated_prompts(cfg, rows, tok)
         if rank == 0:
-            console.print(f"--rollouts {cfg.rollouts}: {rated.line()}")
+            console.print(f"--filter-rollouts {cfg.filter_rollouts}: {rated.line()}")
     ckpt, run = None, None
     reward = cfg.reward_record()  # (the plug-in file's sha256 as the run starts: a --resume refuses another file)
     settings = {**to_dict(cfg), "reward_file_sha256": reward["sha256"]}
@@ -338,233 +335,124 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
         cfg.check_resumed_schedule(out, cfg.steps)
     if rank == 0:  # rank 0 holds the run directory for the whole job
         notes: list[str] = []  # (checkpoints a --resume skipped: links, damaged ones)
-        run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy_dir, config=settings,
-                              inputs=(cfg.data, cdir, cfg.rollouts or None), notes=notes)
+        run, ckpt = start_run(out, resume=cfg.resume, overwrite=cfg.overwrite, model_dir=policy.base_dir, config=settings,
+                              inputs=(cfg.data, cdir, cfg.filter_rollouts or None), notes=notes)
         for line in notes:
             console.print(f"[yellow]{line}[/]")
     if world > 1:
         torch.distributed.barrier()
         ckpt = latest_checkpoint(out) if cfg.resume else None
+    resumed = open_checkpoint(ckpt)
+    if resumed is not None:
+        progress.finished = progress.saved = resumed.step
+        console.print(f"resumed from {ckpt} (step {resumed.step})")
+    return TrainInputs(spec, rows, val_rows, policy, cdir, rated, reward, settings, rank, world, tok, run, resumed)
+
+
+def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -> dict[str, Any]:
+    from rich.console import Console
+
+    from reasonrl.interrupts import Interrupted, StepAbandoned
+    from reasonrl.train.checkpoint import latest_checkpoint
+    from reasonrl.train.ranks import Ranks
+    from reasonrl.train.run import build_run
+    from reasonrl.train.step import train_step
+
+    console = console or Console(stderr=True)
+    inp = check_inputs(cfg, console, progress)
     progress.phase = "setup"
-    torch.manual_seed(cfg.seed)
-    dtype = resolve_dtype(cfg.dtype)
-    device = default_device()
-    if lora is None:
-        policy = load_causal_lm(ckpt / "policy" if ckpt else policy_dir, device=device)
-    else:  # the frozen base from --model (in bf16 when the run computes in it: half the memory), the adapter fresh (seeded) or the checkpoint's
-        base = load_causal_lm(policy_dir, device=device, dtype=torch.bfloat16 if dtype == "bf16" else None)
-        policy = L.apply_lora(base, lora, seed=cfg.seed, base_path=policy_dir)
-        if ckpt:
-            L.load_adapter_weights(policy, ckpt / "policy")
-    policy.config.use_cache = False
-    ref = None
-    if spec.kl_coef > 0:  # (LoRA: the policy with its adapter off, no second copy)
-        ref = load_causal_lm(policy_dir, device=device).eval() if lora is None else L.reference_model(policy)
-    critic_backend = None
-    if spec.use_critic:
-        from reasonrl.models.value import load_value_model, new_value_model
+    run = build_run(cfg, spec=inp.spec, policy=inp.policy, critic_dir=inp.critic, tokenizer=inp.tokenizer, rows=inp.rows, val_rows=inp.val_rows,
+                    ranks=Ranks(inp.rank, inp.world), resumed=inp.resumed, settings=inp.settings, console=console)
+    val, history, bad_steps, last = run.validation, [], 0, run.start
 
-        critic = load_value_model(ckpt / "critic") if ckpt else (load_value_model(cdir) if cdir else new_value_model(policy_dir, seed=cfg.seed))
-        critic = critic.to(device)
-        critic_backend = make_backend(cfg, critic, cfg.critic_lr, dtype)
-    policy_backend = make_backend(cfg, policy, cfg.lr, dtype)
-    stream = DataStream(rows, cfg.seed, skip_solved=cfg.skip_solved_epochs)
-    start, val_state, rng_state = 0, None, None
-    if ckpt:
-        st = json.loads((ckpt / "trainer_state.json").read_text())
-        start = int(st["step"])
-        progress.finished = progress.saved = start
-        policy_backend.load_state(ckpt / "policy_state")
-        if critic_backend is not None:
-            critic_backend.load_state(ckpt / "critic_state")
-        val_state = st.get("val")
-        rng_state = torch.load(ckpt / "rng.pt", weights_only=True)["torch"]  # (put back once the setup is over, below)
-        console.print(f"resumed from {ckpt} (step {start})")
+    def checkpoint(step: int, written: bool) -> None:
+        run.save(step)
+        progress.saved, progress.written = step, written
 
-    val_len = cfg.val_max_response_len or cfg.max_response_len
-    engine = make_engine(cfg, str(policy_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0),
-                         decode_steps=(cfg.steps - start) * cfg.max_response_len)
-    if ckpt:  # (a fresh adapter's B is 0: its merged weights are the base's, which the engine loaded)
-        engine.update_weights(L.engine_weights(policy_backend.model, policy_backend.full_state_dict()))
-    scorer = RewardScorer(reward=cfg.reward)
-    ranks = Ranks(rank, world)
-    collector = make_collector(cfg, spec=spec, engine=engine, tokenizer=tok, scorer=scorer, stream=stream, ranks=ranks,
-                               overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds,
-                               partial_len=cfg.partial_rollout_len)
-    if ckpt:
-        collector.load(st["data"])  # the data position (and the partial rollouts' pool)
-    learner = make_learner(cfg, spec=spec, tokenizer=tok, dtype=dtype, ranks=ranks, policy=policy, policy_backend=policy_backend,
-                           critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
-    if ckpt:  # (the adaptive entropy coefficient)
-        learner.load_state(json.loads((ckpt / "trainer_state.json").read_text()).get("learner"))
-    validator = Validator(val_rows, tok, scorer, ranks, n=cfg.val_n, temperature=cfg.val_temperature, top_p=cfg.val_top_p, top_k=-1,
-                          max_tokens=val_len, max_prompt_len=cfg.max_prompt_len, ks=[1], seed=cfg.seed, n_boot=cfg.val_bootstrap) if cfg.val_every else None
-    best = Best(cfg.save_best, cfg.early_stop_patience) if cfg.save_best else None
-    if best is not None:
-        best.load(val_state)
-        if ckpt and best.step == start and best_step(out) != start:  # (best/ failed to be written at the checkpoint's step)
-            save_best(out, best, start, policy_backend=policy_backend, tokenizer=tok, rank=rank)
-            if rank == 0:
-                console.print(f"best/: written from {ckpt.name} (step {start}'s {cfg.save_best} {best.value:.4f}; its write had failed)")
-    if rank == 0:
-        write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name,
-                                      "engine_compiled": engine_compiled(engine), "world_size": world})
-        console.print(f"[bold]train[/] --algo {cfg.algo} on {policy_dir} | engine {engine_label(engine)} | backend {cfg.backend} ×{world} | {dtype} | {len(rows)} prompts"
-                      + (f" | {L.trainable_line(policy)}" if lora is not None else ""))
-    perf = None if cfg.peak_flops == 0 else StepPerf.for_model(
-        policy.config, dtype=dtype, device=device, peak_flops=cfg.peak_flops, group_size=cfg.group_size, epochs=cfg.ppo_epochs,
-        mini_batch_size=max(1, cfg.mini_batch_size // world), critic=critic_backend is not None, ref=ref is not None, world=world)
-    history: list[dict[str, Any]] = []
-    display = Display(console, quiet=cfg.quiet or rank != 0)
-    bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
-    runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank,
-                    then="the run stops: free space (or fix the cause), then continue from its last checkpoint with --resume")
-    bad_steps, last = 0, start
     progress.phase = "steps"
-    stop.install(ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts.StepStop)
-
-    best_failed: list[str] = []  # (a failed write of best/: the step is checkpointed, then the run stops with this line)
-
-    def validate(step: int, m: dict[str, Any]) -> dict[str, Any]:
-        """Validation at ``step`` (its metrics into ``m``), the best policy kept in out/best/;
-        returns the per-problem record (rank 0), for validation.jsonl. A failed write of best/ (a
-        full disk) is put in ``best_failed`` (every rank), for the caller to checkpoint the step and stop."""
-        display.status(f"step {step}: validate on {len(val_rows)} problems × {cfg.val_n}")
-        scalars, per_problem = validator.run(engine, step)
-        m.update(scalars)
-        if best is not None:
-            new_best = ranks.max(torch.tensor([float(rank == 0 and best.update(m, step))])).item() > 0
-            if rank != 0:  # (the other ranks keep the count too: every rank stops at the same step)
-                best.since = 0 if new_best else best.since + 1
-            if new_best:
-                display.status(f"step {step}: save best policy")
-                why = ""
-                try:
-                    save_best(out, best, step, policy_backend=policy_backend, tokenizer=tok, rank=rank)
-                except ReasonRLError as e:
-                    why = str(e)
-                if ranks.max(torch.tensor([float(bool(why))])).item() > 0:
-                    best_failed.append(why or f"could not write best/ for step {step} (on rank 0)")
-        return per_problem
-
-    def log_validation(step: int, per_problem: dict[str, Any]) -> None:
-        """validation.jsonl: the step's per-problem values, written right after its metrics.jsonl
-        line (a resume cuts both back to the checkpoint's step)."""
-        if per_problem:
-            append_jsonl(out / "validation.jsonl", {"step": step, **per_problem})
-
-    if rng_state is not None:  # torch's RNG as the checkpoint left it, after everything the setup draws (e.g. measuring the peak FLOP/s)
-        torch.set_rng_state(rng_state)
+    stop.install(run.ranks)  # SIGTERM / SIGINT: stop at a step boundary, every rank at the same one (reasonrl.interrupts.StepStop)
     try:
-        display.start()
-        if validator is not None and start == 0:
+        run.display.start()
+        if val is not None and run.start == 0:  # the policy before any update
             m0: dict[str, Any] = {"step": 0}
-            per_problem = validate(0, m0)  # the policy before any update
-            if rank == 0:
-                runlog.append(m0)
-                log_validation(0, per_problem)
-                display.print(val_line(0, m0, cfg.val_n))
-            if best_failed:
-                raise ReasonRLError(f"{best_failed[0]}; nothing was trained yet: free space, then start over with --overwrite")
-        for step in range(start + 1, cfg.steps + 1):
-            if best is not None and best.stop:
+            run.record(0, m0, val.run(0, m0))
+            if val.failed:
+                raise ReasonRLError(f"{val.failed[0]}; nothing was trained yet: free space, then start over with --overwrite")
+        for step in range(run.start + 1, cfg.steps + 1):
+            if run.stopped_early:
                 break  # (a resumed run that had stopped early)
-            rng, data = torch.get_rng_state(), collector.state()  # the state after the last step, should this one be dropped
+            mark = run.mark()  # the state after the last step, should this one be dropped
             try:
                 stop.begin_step()
-                res = train_step(collector, learner, engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                                 on_short_batch=cfg.on_short_batch, perf=perf, before_update=stop.commit)
+                res = train_step(run.collector, run.learner, run.engine, step=step, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                                 on_short_batch=cfg.on_short_batch, perf=run.perf, before_update=stop.commit)
             except StepAbandoned:  # (a signal while collecting: nothing but the data position and the RNG changed)
-                torch.set_rng_state(rng)
-                collector.load(data)
+                run.rewind(mark)
                 progress.abandoned = step
                 if progress.finished > progress.saved and not bad_steps:
-                    display.status("save checkpoint")
-                    save_checkpoint(out, progress.finished, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
-                                    data_state=collector.state(), rank=rank, world=world, keep_last=cfg.keep_last,
-                                    val_state=best.state() if best is not None else None, learner_state=learner.state())
-                    progress.saved, progress.written = progress.finished, True
+                    checkpoint(progress.finished, written=True)
                 break
             m = res.metrics
-            bad_steps = bad_steps + 1 if res.bad_step else 0
-            last = step
-            per_problem = {}
-            if validator is not None and (step % cfg.val_every == 0 or step == cfg.steps):
-                per_problem = validate(step, m)
-            early = best is not None and best.stop  # (--early-stop-patience)
+            bad_steps, last = (bad_steps + 1 if res.bad_step else 0), step
+            per_problem = val.run(step, m) if val is not None and val.due(step) else {}
+            early = run.stopped_early  # (--early-stop-patience)
             history.append(m)
-            bar.advance()
-            if rank == 0:
-                runlog.append(m)  # metrics.jsonl, then the trackers
-                log_validation(step, per_problem)
-                if res.short_batch:
-                    done = "update skipped" if res.skipped_update else "trained on them"
-                    if m.get("rollout/partial_kept_back_groups"):
-                        done += f", its {m['rollout/partial_kept_back_groups']} finished groups kept for the next step"
-                    display.print(f"[yellow]step {step}: {res.collection} kept {m['rollout/ds_kept_groups']} of {cfg.prompts_per_step} "
-                                           f"groups in {m['rollout/ds_rounds']} rounds (--max-gen-rounds): {done} (--on-short-batch)[/]")
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    display.print(log_line(step, cfg.steps, m))
-                if "perf/val_s" in m:
-                    display.print(val_line(step, m, cfg.val_n))
-                if cfg.keep_rollouts:
-                    from reasonrl.rollouts import write_rollouts
-
-                    write_rollouts(out / "rollouts" / f"step_{step}.parquet", res.samples, step=step)
+            run.record(step, m, per_problem, res)
             progress.finished = step
             if bad_steps >= cfg.max_bad_steps:
-                raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(out)))
+                raise ReasonRLError(divergence_message(step, m, bad_steps, cfg, latest_checkpoint(run.out)))
             stopping = stop.requested()  # (every rank: the same answer)
-            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping or early or best_failed) and not bad_steps:
-                display.status("save checkpoint")
-                save_checkpoint(out, step, policy_backend=policy_backend, critic_backend=critic_backend, tokenizer=tok,
-                                data_state=collector.state(), rank=rank, world=world, keep_last=cfg.keep_last,
-                                val_state=best.state() if best is not None else None, learner_state=learner.state())
-                progress.saved, progress.written = step, stopping
-            if best_failed:  # (its checkpoint written first, whatever --save-every: no trained step is lost)
+            failed = val.failed if val is not None else []  # (a failed write of best/: the step is checkpointed, then the run stops)
+            if ((cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or stopping or early or failed) and not bad_steps:
+                checkpoint(step, written=stopping)
+            if failed:  # (its checkpoint written first, whatever --save-every: no trained step is lost)
                 kept = (f"step {step} is checkpointed: free space, then --resume (it writes best/ from checkpoints/step_{step})" if progress.saved == step
-                        else f"the last checkpoint is {latest_checkpoint(out)}: free space, then --resume")
-                raise ReasonRLError(f"{best_failed[0]}; {kept}")
-            if early and rank == 0:
-                display.print(f"early stop at step {step}: {cfg.save_best} has not beaten {best.value:.4f} (step {best.step}) "
-                              f"in {best.since} validations (--early-stop-patience)")
+                        else f"the last checkpoint is {latest_checkpoint(run.out)}: free space, then --resume")
+                raise ReasonRLError(f"{failed[0]}; {kept}")
+            if early and inp.rank == 0:
+                run.display.print(f"early stop at step {step}: {cfg.save_best} has not beaten {run.best.value:.4f} (step {run.best.step}) "
+                                  f"in {run.best.since} validations (--early-stop-patience)")
             if stopping or early:
                 break
     finally:
         stop.closing()  # (signals are ignored from here on: closing, then the one line or the final outputs)
-        display.stop()
-        runlog.close()
-        scorer.close()
-        engine.close()
+        run.close()
     if stop.signum and progress.finished < cfg.steps:  # (a stop agreed at the last step's end: the run just finishes)
-        raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress), quiet=rank != 0)
+        raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress), quiet=inp.rank != 0)
     progress.phase = "final"
-    if rank == 0:
-        final = latest_checkpoint(out)
-        end = last if best is not None and best.stop else cfg.steps
-        if final is None or final.name != f"step_{end}":
-            raise ReasonRLError(no_update_message(end, history[-1] if history else {}, final))
-        with run.writing(("policy", "summary.json")):
-            if (out / "policy").exists():
-                shutil.rmtree(out / "policy")
-            if lora is None:
-                shutil.copytree(final / "policy", out / "policy")
-            else:  # merged from the base and the final checkpoint's adapter; the adapter in policy/adapter/
-                L.merge_checkpoint(policy_dir, final / "policy", out / "policy", tok)
-            # (a resumed run whose last step was already checkpointed ran no step: its last record is on disk)
-            summary = {"steps": end, "last": flatten_metrics(history[-1] if history else last_record(out / "metrics.jsonl", end))}
-            if best is not None:
-                summary["best"] = best.state()
-                summary["early_stopped"] = best.stop
-            prompts = {"prompts": len(rows), **({"rollouts_filter": rated.as_dict()} if rated is not None else {}),
-                       **({"retired_solved": len(stream.retired)} if cfg.skip_solved_epochs else {})}
-            summary["prompts"] = prompts
-            write_json(out / "summary.json", summary)
-            write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(policy_dir), "critic": str(cdir) if cdir else None,
-                                                        "rollouts": cfg.rollouts or None},
-                           extra={"algo": dataclasses.asdict(spec), "reward": reward, "prompts": prompts, "outputs": ["policy/", *(["policy/adapter/"] if lora is not None else []), "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []),
-                                                                                "checkpoints/", "summary.json",
-                                                                                *(["best/"] if best is not None and best.step is not None else [])]})
-    if world > 1:
+    if inp.rank == 0:
+        write_outputs(cfg, run, inp, history, last)
+    if inp.world > 1:
         torch.distributed.barrier()
-    return {"history": history, "out": str(out)}
+    return {"history": history, "out": str(run.out)}
+
+
+def write_outputs(cfg: TrainConfig, run: Any, inp: TrainInputs, history: list[dict[str, Any]], last: int) -> None:
+    """The finished run's outputs from its last checkpoint (rank 0): policy/ (LoRA: merged, the
+    adapter in policy/adapter/), summary.json, and the manifest last."""
+    from reasonrl.train.checkpoint import latest_checkpoint
+    from reasonrl.train.step_metrics import flatten_metrics
+
+    out, best = run.out, run.best
+    final = latest_checkpoint(out)
+    end = last if run.stopped_early else cfg.steps
+    if final is None or final.name != f"step_{end}":
+        raise ReasonRLError(no_update_message(end, history[-1] if history else {}, final))
+    with inp.claim.writing(("policy", "summary.json")):
+        if (out / "policy").exists():
+            shutil.rmtree(out / "policy")
+        run.policy.write_final(final, out / "policy", inp.tokenizer)
+        # (a resumed run whose last step was already checkpointed ran no step: its last record is on disk)
+        summary = {"steps": end, "last": flatten_metrics(history[-1] if history else last_record(out / "metrics.jsonl", end))}
+        if best is not None:
+            summary["best"] = best.state()
+            summary["early_stopped"] = best.stop
+        prompts = {"prompts": len(inp.rows), **({"rollouts_filter": inp.rated.as_dict()} if inp.rated is not None else {}),
+                   **({"retired_solved": len(run.stream.retired)} if cfg.skip_solved_epochs else {})}
+        summary["prompts"] = prompts
+        write_json(out / "summary.json", summary)
+        write_manifest(out, "train", to_dict(cfg), {"data": cfg.data, "policy": str(run.policy.base_dir), "critic": str(inp.critic) if inp.critic else None,
+                                                    "rollouts": cfg.filter_rollouts or None},
+                       extra={"algo": dataclasses.asdict(run.spec), "reward": inp.reward, "prompts": prompts,
+                              "outputs": [*run.policy.outputs(), "metrics.jsonl", *(["validation.jsonl"] if cfg.val_every else []), "checkpoints/",
+                                          "summary.json", *(["best/"] if best is not None and best.step is not None else [])]})

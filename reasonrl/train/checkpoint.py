@@ -1,7 +1,9 @@
 """A training run's directory: checkpoints, resume, and what a rerun may delete.
 
 ``out/checkpoints/step_N/`` holds the policy and critic (HF directories), their optimizer and
-scheduler state, the RNG state and the data position. It is written to ``.step_N.tmp``, every file
+scheduler state, the RNG state and the data position: the run's stateful parts (:class:`Parts`,
+one table: files under their names, JSON states in ``trainer_state.json``), saved by
+:func:`save_checkpoint` and put back by :func:`load_checkpoint`. It is written to ``.step_N.tmp``, every file
 and directory fsynced, and renamed into place, so a ``step_N`` directory is always complete;
 ``checkpoints/latest`` names the newest and is itself replaced atomically, after the rename is on
 disk (when it is missing or torn, the newest complete ``step_N`` is used). A checkpoint is never
@@ -28,8 +30,9 @@ import json
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -309,11 +312,120 @@ def nonfinite(state_dict: dict[str, torch.Tensor]) -> list[str]:
     return [k for k, v in state_dict.items() if torch.is_floating_point(v) and not bool(torch.isfinite(v).all())]
 
 
-def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend: Any, tokenizer: Any, data_state: dict[str, Any],
-                    rank: int, world: int, keep_last: int = 0, val_state: dict[str, Any] | None = None,
-                    learner_state: dict[str, Any] | None = None) -> Path:
-    """Write ``out/checkpoints/step_{step}`` (every rank takes part: ZeRO state is sharded);
-    ``val_state`` and ``learner_state`` go into its trainer_state.json as ``val`` and ``learner``.
+# ---------------------------------------------------------------- the run's stateful parts
+
+class StatePart(Protocol):
+    """A part of the run whose state is JSON, kept in the checkpoint's trainer_state.json under the
+    part's name (the data stream with its partial pool, the learner's state, validation's best)."""
+
+    def state(self) -> Any: ...
+
+    def load(self, state: Any) -> None: ...
+
+
+class FilePart(Protocol):
+    """A part of the run kept as files of the checkpoint, at ``where`` (the checkpoint directory /
+    the part's name): written by every rank (ZeRO state is sharded), read back by every rank."""
+
+    def save(self, where: Path) -> None: ...
+
+    def load(self, where: Path) -> None: ...
+
+
+@dataclass
+class JsonState:
+    """A :class:`StatePart` from a getter and a setter (an object whose methods have other names)."""
+
+    get: Callable[[], Any]
+    put: Callable[[Any], None]
+
+    def state(self) -> Any:
+        return self.get()
+
+    def load(self, state: Any) -> None:
+        self.put(state)
+
+
+@dataclass
+class ModelState:
+    """A trained model: its weights in ``NAME/`` (an HF directory; LoRA: the adapter alone), its
+    optimiser, LR scheduler (and fp16 loss scaler) in ``NAME_state/``, through its backend.
+
+    :meth:`load` puts back the optimiser state; the weights are read where the model is built, from
+    ``NAME/`` of the checkpoint (:attr:`Resumed.path`), before its backend wraps it (ZeRO-3
+    partitions a model as its engine is made)."""
+
+    backend: Any
+    tokenizer: Any = None
+    label: str = ""  # the prefix of its tensors' names in a refusal ("critic.")
+
+    def nonfinite(self) -> list[str]:
+        return [f"{self.label}{k}" for k in nonfinite(self.backend.full_state_dict())]
+
+    def save(self, where: Path) -> None:
+        self.backend.save_model(where, self.tokenizer)
+        self.backend.save_state(where.with_name(f"{where.name}_state"))
+
+    def load(self, where: Path) -> None:
+        self.backend.load_state(where.with_name(f"{where.name}_state"))
+
+
+@dataclass
+class RngState:
+    """torch's RNG, in ``NAME.pt``: written by rank 0, the same state read back by every rank."""
+
+    rank: int = 0
+
+    def save(self, where: Path) -> None:
+        if self.rank == 0:
+            torch.save({"torch": torch.get_rng_state()}, where.with_suffix(".pt"))
+
+    def load(self, where: Path) -> None:
+        torch.set_rng_state(torch.load(where.with_suffix(".pt"), weights_only=True)["torch"])
+
+
+@dataclass
+class Parts:
+    """The run's stateful parts by name: what a checkpoint saves and a resume loads, both by
+    :func:`save_checkpoint` and :func:`load_checkpoint` from this one table (a new stateful feature
+    is one more entry). ``files``: kept as files under their names, loaded in their order (the RNG
+    last: after everything the run's setup draws); ``states``: kept in trainer_state.json under
+    their names (a state that is empty is left out; a name missing from an older checkpoint loads
+    None: the part keeps its start)."""
+
+    files: dict[str, FilePart]
+    states: dict[str, StatePart]
+
+
+@dataclass
+class Resumed:
+    """The checkpoint a run continues from, its trainer_state.json read once."""
+
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+def open_checkpoint(ckpt: Path | None) -> Resumed | None:
+    """``ckpt`` (None: a fresh run) with its trainer_state.json."""
+    return None if ckpt is None else Resumed(ckpt, json.loads((ckpt / "trainer_state.json").read_text()))
+
+
+def load_checkpoint(resumed: Resumed, parts: Parts) -> None:
+    """Put every part back as ``resumed`` holds it: the states, then the files in their order."""
+    for name, part in parts.states.items():
+        part.load(resumed.state.get(name))
+    for name, fpart in parts.files.items():
+        fpart.load(resumed.path / name)
+
+
+def save_checkpoint(out: Path, step: int, parts: Parts, *, rank: int, world: int, keep_last: int = 0) -> Path:
+    """Write ``out/checkpoints/step_{step}`` from ``parts`` (every rank takes part: ZeRO state is
+    sharded): each file part under its name, then trainer_state.json (``step`` and each part's state
+    under its name).
 
     Refuses (one-line error) when a weight is not finite. A failed write (a full disk) removes the
     partial directory and leaves the previous checkpoint as the latest. ``keep_last`` > 0 keeps
@@ -321,9 +433,7 @@ def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend
     """
     d = out / "checkpoints" / f"step_{step}"
     tmp = out / "checkpoints" / f".step_{step}.tmp"
-    bad = nonfinite(policy_backend.full_state_dict())
-    if critic_backend is not None:
-        bad += [f"critic.{k}" for k in nonfinite(critic_backend.full_state_dict())]
+    bad = [k for p in parts.files.values() if isinstance(p, ModelState) for k in p.nonfinite()]
     if bad:
         raise ReasonRLError(f"step {step}: {len(bad)} weights are not finite (e.g. {bad[0]}): no checkpoint written; "
                             "lower --lr or --grad-clip and --resume from the last good checkpoint")
@@ -334,15 +444,10 @@ def save_checkpoint(out: Path, step: int, *, policy_backend: Any, critic_backend
             tmp.mkdir(parents=True)
         if world > 1:
             torch.distributed.barrier()
-        policy_backend.save_model(tmp / "policy", tokenizer)
-        policy_backend.save_state(tmp / "policy_state")
-        if critic_backend is not None:
-            critic_backend.save_model(tmp / "critic")
-            critic_backend.save_state(tmp / "critic_state")
+        for name, fpart in parts.files.items():
+            fpart.save(tmp / name)
         if rank == 0:
-            torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-            write_json(tmp / "trainer_state.json", {"step": step, "data": data_state, **({"val": val_state} if val_state else {}),
-                                                    **({"learner": learner_state} if learner_state else {})})
+            write_json(tmp / "trainer_state.json", {"step": step, **{name: s for name, p in parts.states.items() if (s := p.state())}})
             fsync_tree(tmp)
             if d.is_symlink():  # (a link in its place is never written through)
                 d.unlink()

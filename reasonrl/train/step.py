@@ -83,8 +83,7 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     if learner.critic_backend is not None:
         status(f"step {step}: update critic")
         t1 = time.perf_counter()
-        m.update(learner.update_critic(st))
-        learner.critic_backend.scheduler_step()
+        m.update(update_critic(learner, st))
         m["perf/update_critic_s"] = time.perf_counter() - t1
     status(f"step {step}: update actor")
     t1 = time.perf_counter()
@@ -114,3 +113,30 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     m.update(peak_memory())
     m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)
     return StepResult(m, col.generated, short_batch=short, collection=col.label, bad_step=bad)
+
+
+def value_step(collector: Any, learner: Learner, *, step: int, prompts_per_step: int, group_size: int, source: str = "generate + score") -> dict[str, Any] | None:
+    """One step of value pretraining (``reasonrl pretrain-value``): :func:`train_step` without the
+    policy, which stays fixed (the engine samples it, nothing scores it): collect (no dynamic
+    sampling; ``collector`` may replay saved responses, ``source`` says which for the status),
+    prepare (the critic's values), advantages, the critic's update. Returns the step's metrics
+    (rollout/ and critic/, global; the by-position picture, this rank's share), or None when nothing
+    was collected (the LR schedule still counts the step)."""
+    status(f"value step {step}: {source}")
+    col = collector.collect(prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
+    if not col.groups:
+        learner.critic_backend.scheduler_step()
+        return None
+    status(f"value step {step}: values + update critic")
+    st = learner.prepare(col.groups, step=step)
+    learner.advantages(st, group_size=group_size)
+    m = {"step": step, **rollout_metrics(col, None, collector.ranks), **update_critic(learner, st)}
+    m.update(position_metrics(st))
+    return m
+
+
+def update_critic(learner: Learner, st: Any) -> dict[str, Any]:
+    """The critic's updates over the step's batch, then its LR schedule's step (train and pretrain-value alike)."""
+    m = learner.update_critic(st)
+    learner.critic_backend.scheduler_step()
+    return m

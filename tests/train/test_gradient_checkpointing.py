@@ -10,7 +10,7 @@ from pathlib import Path
 
 def test_gradient_checkpointing_gives_the_same_update(tiny_model) -> None:
     from reasonrl.models.loading import load_causal_lm, load_tokenizer
-    from reasonrl.stages.options import make_backend
+    from reasonrl.train.run import make_backend
     from reasonrl.stages.train import TrainConfig
 
     spec = importlib.util.spec_from_file_location("reasonrl_ds_worker", Path(__file__).with_name("ds_worker.py"))
