@@ -96,6 +96,16 @@ class _PolicyTally:
     ratio_max: float = 0.0
     clip_counts: dict[str, float] = field(default_factory=dict)
 
+    def metrics(self, ranks: Ranks) -> dict[str, Any]:
+        """``actor/ratio_max`` (the max over every rank) and ``actor/clipfrac_by_prob`` (over every rank's tokens)."""
+        res: dict[str, Any] = {"actor/ratio_max": float(ranks.max(torch.tensor(self.ratio_max, dtype=torch.float64)))}
+        counts = self.clip_counts
+        if counts:
+            keys = sorted(counts)
+            counts = dict(zip(keys, ranks.sum(torch.tensor([counts[k] for k in keys], dtype=torch.float64)).tolist()))
+        res["actor/clipfrac_by_prob"] = clip_fractions_from_counts(counts)
+        return res
+
 
 @dataclass
 class PolicyLoss:
@@ -354,12 +364,7 @@ class Learner:
                 metrics.setdefault(k, []).append(v)
         st.old.done(st)
         res: dict[str, Any] = {f"actor/{k}": sum(v) / len(v) for k, v in metrics.items()}
-        res["actor/ratio_max"] = float(self.ranks.max(torch.tensor(tally.ratio_max, dtype=torch.float64)))
-        counts = tally.clip_counts
-        if counts:  # counts over every rank's tokens
-            keys = sorted(counts)
-            counts = dict(zip(keys, self.ranks.sum(torch.tensor([counts[k] for k in keys], dtype=torch.float64)).tolist()))
-        res["actor/clipfrac_by_prob"] = clip_fractions_from_counts(counts)
+        res.update(tally.metrics(self.ranks))
         if s.entropy_coef > 0 or s.entropy_target is not None:
             res["actor/entropy_coef"] = ent_coef
         self.entropy.observe(st, self.ranks)
