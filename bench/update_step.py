@@ -17,7 +17,7 @@ Variants (one model and optimizer; every run starts from the same weights):
 
 - ``separate``: the old log-probs from a separate no-grad pass, micro-batches cut in the
   mini-batch's random order (reasonrl before issue 12);
-- ``fused``: the old log-probs from the update's own forward (``Learner.one_update``), random order;
+- ``fused``: the old log-probs from the update's own forward (decided in ``Learner.prepare``), random order;
 - ``default``: fused, and micro-batches arranged by prompt / length (``Learner.arrange``): what
   ``reasonrl train`` does.
 

@@ -26,13 +26,14 @@ of SmolLM2-135M's FLOPs at 256 tokens of context).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, MutableMapping, Sequence
 
 #: Datasheet peak (dense, no sparsity) TFLOP/s: (bf16/fp16 tensor cores, fp32 without TF32). The
 #: longest key contained in ``torch.cuda.get_device_name()`` wins; other GPUs get a measured GEMM.
@@ -289,6 +290,14 @@ def gpu_peak_flops(name: str, dtype: str) -> float | None:
         return None
     bf16, fp32 = GPU_PEAK_TFLOPS[keys[0]]
     return (fp32 if dtype == "fp32" else bf16) * 1e12
+
+
+@contextlib.contextmanager
+def timed(metrics: MutableMapping[str, Any], key: str) -> Iterator[None]:
+    """``metrics[key]``: the wall seconds the ``with`` block took (set when it ends, not when it raises)."""
+    t0 = time.perf_counter()
+    yield
+    metrics[key] = time.perf_counter() - t0
 
 
 def peak_memory() -> dict[str, float]:

@@ -20,7 +20,7 @@ from reasonrl.algos.kl import kl_penalty
 from reasonrl.algos.losses import POLICY_LOSSES, LossParams, PolicyLossOutput, positive_example_nll
 from reasonrl.algos.masked import pick
 
-__all__ = ["PolicyObjective", "policy_objective"]
+__all__ = ["ObjectiveInputs", "PolicyObjective", "policy_objective"]
 
 
 @dataclass
@@ -40,13 +40,11 @@ class PolicyObjective:
     policy: PolicyLossOutput
 
 
-def policy_objective(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, *, loss: str, params: LossParams, agg: str,
-                     max_len: int | None = None, is_weights: Tensor | None = None, ref_logp: Tensor | None = None, kl_coef: float = 0.0,
-                     kl_kind: str = "k3", pos_lm_coef: float = 0.0, correct: Tensor | None = None,
-                     nll_denominator: float | Tensor | None = None, entropy: Tensor | None = None, entropy_coef: float = 0.0) -> PolicyObjective:
-    """The policy objective J above, its terms and their metrics.
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """What :func:`policy_objective` receives: the tensors of this call's tokens and the terms' knobs.
 
-    Args:
+    Fields:
         logp, logp_old, advantages, mask, params, agg, max_len, is_weights: as every entry of
             ``POLICY_LOSSES`` (``loss`` names it); logp (B, T) with grad, the rest constants.
         ref_logp: (B, T) the reference policy's log-probs; the KL term is on when it is given and
@@ -57,22 +55,44 @@ def policy_objective(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: T
             on when it is given and ``entropy_coef`` (alpha) > 0, aggregated with ``agg``
             (``entropy_bonus``).
     """
-    out = pick(POLICY_LOSSES, loss, "policy loss")(logp, logp_old, advantages, mask, params=params, agg=agg, max_len=max_len,
-                                                     is_weights=is_weights)
+
+    logp: Tensor
+    logp_old: Tensor
+    advantages: Tensor
+    mask: Tensor
+    loss: str
+    params: LossParams
+    agg: str
+    max_len: int | None = None
+    is_weights: Tensor | None = None
+    ref_logp: Tensor | None = None
+    kl_coef: float = 0.0
+    kl_kind: str = "k3"
+    pos_lm_coef: float = 0.0
+    correct: Tensor | None = None
+    nll_denominator: float | Tensor | None = None
+    entropy: Tensor | None = None
+    entropy_coef: float = 0.0
+
+
+def policy_objective(x: ObjectiveInputs) -> PolicyObjective:
+    """The policy objective J above, its terms and their metrics, of one :class:`ObjectiveInputs`."""
+    out = pick(POLICY_LOSSES, x.loss, "policy loss")(x.logp, x.logp_old, x.advantages, x.mask, params=x.params, agg=x.agg,
+                                                       max_len=x.max_len, is_weights=x.is_weights)
     total, m = out.loss, dict(out.metrics)
-    if kl_coef > 0 and ref_logp is not None:
-        kl_loss = aggregate(kl_penalty(logp, ref_logp, kl_kind), mask, agg, max_len=max_len)
-        total = total + kl_coef * kl_loss
+    if x.kl_coef > 0 and x.ref_logp is not None:
+        kl_loss = aggregate(kl_penalty(x.logp, x.ref_logp, x.kl_kind), x.mask, x.agg, max_len=x.max_len)
+        total = total + x.kl_coef * kl_loss
         m["kl_ref"] = float(kl_loss.detach())
-    if entropy_coef > 0 and entropy is not None:
-        ent_term, ent_m = entropy_bonus(entropy, mask, coef=entropy_coef, agg=agg, max_len=max_len)
+    if x.entropy_coef > 0 and x.entropy is not None:
+        ent_term, ent_m = entropy_bonus(x.entropy, x.mask, coef=x.entropy_coef, agg=x.agg, max_len=x.max_len)
         total = total + ent_term
         m.update(ent_m)
     m["pg_loss"] = float(total.detach())
     nll, nll_m = None, {}
-    if pos_lm_coef > 0:
-        if correct is None:
+    if x.pos_lm_coef > 0:
+        if x.correct is None:
             raise ValueError("the positive-example NLL (pos_lm_coef > 0) needs correct (B,)")
-        term, nll_m = positive_example_nll(logp, mask, correct, denominator=nll_denominator)
-        nll = pos_lm_coef * term
+        term, nll_m = positive_example_nll(x.logp, x.mask, x.correct, denominator=x.nll_denominator)
+        nll = x.pos_lm_coef * term
     return PolicyObjective(total, nll, m, nll_m, out)

@@ -408,6 +408,11 @@ class Collector:
         out.pool_metrics = src.metrics(out, step)
         return out
 
+    @property
+    def dynamic_sampling(self) -> bool:
+        """Whether this collector tops the batch up by dynamic sampling (the algo's row)."""
+        return self.spec.dynamic_sampling
+
     def keep_back(self, col: Collected) -> int:
         """A batch of partial rollouts that makes no update (``--on-short-batch skip``): its groups,
         finished and scored (carried from earlier steps or finished in this one), go back to the pool

@@ -21,11 +21,19 @@ budget gets a micro-batch of its own.
 ZeRO-3 gathers parameters collectively in every forward, so every rank must run as many
 micro-batches: ``split_to`` cuts the costliest micro-batches in two until a rank has the most any
 rank has (the learner takes that count's maximum over ranks).
+
+The plan of an update, as pure functions of explicit inputs (the learner supplies its batch, its
+seeded generator and its collectives): :func:`minibatches` (the shuffled draws of each epoch),
+:func:`row_lengths` (what a cost counts), :func:`plan` (a mini-batch cut into micro-batches) and
+:func:`weights` (each micro-batch's share of the mini-batch's aggregate).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -110,3 +118,54 @@ def split_to(lens: RowLengths, micros: list[list[int]], count: int) -> list[list
         at = min(range(1, len(m)), key=lambda k: max(lens.cost(m[:k]), lens.cost(m[k:])))
         out[i : i + 1] = [m[:at], m[at:]]
     return out
+
+
+def row_lengths(attention_mask: torch.Tensor, valid: torch.Tensor, prompt_len: int, group: list[int], forward: str) -> RowLengths:
+    """The batch's per-row prompt tokens (``attention_mask`` over its first ``prompt_len`` columns)
+    and response tokens (``valid``), with each row's ``group`` and the ``forward`` mode a cost counts."""
+    return RowLengths(prompt=[int(x) for x in attention_mask[:, :prompt_len].sum(1).tolist()],
+                      response=[int(x) for x in valid.sum(1).tolist()], group=group, forward=forward)
+
+
+def plan(lens: RowLengths, rows: list[int], *, micro: int, budget: int, most: Callable[[int], int] | None = None) -> list[list[int]]:
+    """``rows`` (a mini-batch) cut into micro-batches: arranged and cut every ``micro`` rows when
+    ``budget`` <= 0, else cut to ``budget`` tokens each and, with ``most`` (a count's maximum over
+    ranks; None in one process), split to as many as the rank that needs the most."""
+    if budget <= 0:
+        return by_rows(arrange(lens, rows, micro), micro)
+    micros = to_budget(lens, rows, budget)
+    if most is not None:
+        micros = split_to(lens, micros, most(len(micros)))
+    return micros
+
+
+def minibatches(n: int, *, epochs: int, size: int, gen: torch.Generator) -> list[list[int]]:
+    """``epochs`` passes over ``n`` rows, each a fresh permutation from ``gen`` cut every ``size`` rows."""
+    out = []
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen).tolist()
+        out += [perm[i : i + size] for i in range(0, n, size)]
+    return out
+
+
+def weights(mask: torch.Tensor, micros: list[list[int]], agg: str, *, total: Callable[[torch.Tensor], torch.Tensor],
+            world: int) -> list[tuple[list[int], float]]:
+    """Each micro-batch's weight so the accumulated gradient equals the mini-batch's aggregate.
+
+    token-mean: micro tokens / mini tokens; seq modes: micro counted rows / mini counted rows,
+    counted by ``mask`` (B, T): the same mask the loss is normalised with (the policy's loss
+    mask, or the critic's valid tokens). Counts are summed over ranks (``total``), and scaled by
+    ``world`` because DDP/ZeRO average gradients. Empty when nothing is counted on any rank (every
+    rank then skips the mini-batch together).
+    """
+    per_row = mask[[r for m in micros for r in m]].sum(1)
+    unit = per_row if agg == "token-mean" else (per_row > 0).float()
+    counted = float(total(unit.sum()))
+    if counted <= 0:
+        return []
+    res, at = [], 0
+    for mic in micros:
+        w = float(unit[at : at + len(mic)].sum())
+        res.append((mic, (w / counted) * world))
+        at += len(mic)
+    return res

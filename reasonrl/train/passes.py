@@ -7,12 +7,17 @@ in group order, under the current weights; :func:`off_policy` measures the rollo
 and makes the off-policy correction's weights from the old log-probs (:func:`correction`). ``Learner.prepare`` calls them in that order; with
 one update per batch the policy's part is the update's own forward (``reasonrl.train.learner``),
 which fills the same tensors through :meth:`StepTensors.record_policy`.
+
+Where the old log-probs come from is decided once, in ``Learner.prepare``, and carried by the
+step's tensors (``StepTensors.old``): :class:`OldFromPass` (the no-grad pass above) or
+:class:`OldFromUpdate` (the update's own forward); the policy update asks it for each micro-batch's
+old log-probs and tells it when a mini-batch was skipped and when the update is done.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Union
 
 import torch
 
@@ -41,7 +46,12 @@ class StepTensors:
     metrics: dict[str, float] = field(default_factory=dict)  # rollout/trainer mismatch, off-policy diagnostics, correction
     group: torch.Tensor | None = None  # (B,) each row's group (rows of a group share the prompt)
     staleness: torch.Tensor | None = None  # (B, T) how many policy versions each token lags the step's (partial rollouts; None: none lags)
-    old_from_update: bool = False  # old_logp / entropy / metrics are filled by update_policy's forward
+    old: OldSource = field(default_factory=lambda: OldFromPass())  # where the policy update's old log-probs come from
+
+    @property
+    def old_from_update(self) -> bool:
+        """Whether old_logp / entropy / metrics are filled by the policy update's own forward."""
+        return self.old.fused
 
     def record_policy(self, idx: list[int], logp: torch.Tensor, entropy: torch.Tensor, valid: torch.Tensor) -> None:
         """Rows ``idx``' old log-probs and entropy, (len(idx), t) from a micro-batch's forward, zero
@@ -52,9 +62,10 @@ class StepTensors:
 
 
 def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bool, values: bool, ref: bool,
-                 old_from_update: bool, step: int = 0, lagged: bool = False, mask_stale: bool = False) -> StepTensors:
+                 old: OldSource, step: int = 0, lagged: bool = False, mask_stale: bool = False) -> StepTensors:
     """The groups as one batch, their sampler log-probs, rewards and correctness; zeros for what the
-    passes fill (old log-probs, entropy, and the ``values`` / ``ref`` log-probs when asked for).
+    passes fill (old log-probs, entropy, and the ``values`` / ``ref`` log-probs when asked for);
+    ``old``: where the policy update's old log-probs come from.
     Padding copies get no valid token; truncated responses no loss token under ``overlong_filter``.
     With ``lagged`` (the samples carry their tokens' policy versions: partial rollouts),
     ``staleness`` holds ``step`` minus each token's version (0 for a sample without versions);
@@ -79,7 +90,7 @@ def step_tensors(groups: list[list[Sample]], *, pad_id: int, overlong_filter: bo
     correct = torch.tensor([s.correct for s in flat], dtype=torch.bool)
     return StepTensors(batch, torch.zeros(B, T), torch.zeros(B, T), rewards, correct, sampler_logp,
                        values=torch.zeros(B, T) if values else None, ref_logp=torch.zeros(B, T) if ref else None,
-                       group=torch.tensor([s.group for s in flat], dtype=torch.long), old_from_update=old_from_update, staleness=staleness)
+                       group=torch.tensor([s.group for s in flat], dtype=torch.long), old=old, staleness=staleness)
 
 
 @torch.no_grad()
@@ -174,3 +185,62 @@ def off_policy(st: StepTensors, *, spec: A.AlgoSpec, ranks: Ranks) -> None:
         st.metrics.update({f"actor/correction_{k}": v / (tot[-2] or 1.0) for k, v in zip(keys, tot)})
         st.metrics["actor/correction_weight_mean"] = tot[0] / tot[-2] if tot[-2] else 1.0
         st.metrics["actor/correction_scope_frac"] = tot[-2] / (tot[-1] or 1.0)
+
+
+class OldFromPass:
+    """The old log-probs of the no-grad policy pass (``prepare``, under the weights before the
+    update), and the off-policy correction's weights made from them (:func:`off_policy`)."""
+
+    fused = False
+
+    def take(self, st: StepTensors, idx: list[int], mb: Batch, logits: torch.Tensor, logp: torch.Tensor,
+             ent: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows ``idx``' old log-probs and correction weights (or None), on the micro-batch's device."""
+        t, dev = mb.T, mb.mask.device
+        return st.old_logp[idx, :t].to(dev), st.is_weights[idx, :t].to(dev) if st.is_weights is not None else None
+
+    def skipped(self, st: StepTensors) -> None:
+        """A mini-batch made no update: the pass already filled its rows."""
+
+    def done(self, st: StepTensors) -> None:
+        """The update ran: the mismatch metrics and the correction were made in ``prepare``."""
+
+
+@dataclass
+class OldFromUpdate:
+    """One update per batch (``reasonrl.train.learner``): the old log-probs are the update's own
+    forward, detached; the entropy comes from the same logits; both are recorded into the step's
+    tensors as the no-grad pass would, and a micro-batch's correction weights are made from them
+    (:func:`correction`: row-local constants). ``fill`` runs the no-grad policy pass over the batch
+    (for a mini-batch that made no update); ``spec``, ``sampling`` and ``ranks`` are the learner's."""
+
+    spec: A.AlgoSpec
+    sampling: A.Sampling
+    ranks: Ranks
+    fill: Callable[[StepTensors], None]
+    fused = True
+
+    def take(self, st: StepTensors, idx: list[int], mb: Batch, logits: torch.Tensor, logp: torch.Tensor,
+             ent: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This forward's log-probs, detached, as rows ``idx``' old log-probs (``ent``: the entropy
+        bonus's, when it was computed: the same numbers), and their correction weights (or None)."""
+        old = logp.detach()
+        if ent is None:
+            with torch.no_grad():
+                ent = A.entropy_from_logits(logits.detach(), sampling=self.sampling, token_ids=mb.response_ids)
+        st.record_policy(idx, old, ent.detach(), mb.valid)
+        dev = mb.mask.device
+        stale = st.staleness[idx, : mb.T].to(dev) if st.staleness is not None else None
+        return old, correction(self.spec, old, st.sampler_logp[idx, : mb.T].to(dev), mb.mask, stale)[0]
+
+    def skipped(self, st: StepTensors) -> None:
+        """No update (nothing counted on any rank): the old log-probs and entropy still come from a forward."""
+        self.fill(st)
+
+    def done(self, st: StepTensors) -> None:
+        """Every row's forward ran: the mismatch metrics and the correction (:func:`off_policy`)."""
+        off_policy(st, spec=self.spec, ranks=self.ranks)
+
+
+OldSource = Union[OldFromPass, OldFromUpdate]
+"""Where a step's old log-probs come from (``StepTensors.old``), decided once in ``Learner.prepare``."""

@@ -302,7 +302,7 @@ class Run:
                             "rng": RngState(self.ranks.rank)},
                      states={"data": self.collector,  # the data position and the partial rollouts' pool
                              **({"val": self.best} if self.best is not None else {}),
-                             "learner": JsonState(self.learner.state, self.learner.load_state)})  # the adaptive entropy coefficient
+                             "learner": JsonState(self.learner.state, self.learner.load)})  # the adaptive entropy coefficient
 
     def save(self, step: int) -> None:
         """Checkpoint ``step`` (every rank)."""

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from reasonrl.errors import ReasonRLError
-from reasonrl.models.lora import engine_weights
-from reasonrl.perf import peak_memory
+from reasonrl.perf import peak_memory, timed
 from reasonrl.rollouts import Sample
 from reasonrl.train.collector import Collection, Collector
 from reasonrl.progress import status
@@ -54,42 +53,39 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
     col = collector.collect(prompts_per_step, step=step)
     if before_update is not None:
         before_update()
-    short = col.short and (collector.spec.dynamic_sampling or col.kind is Collection.SEGMENTS)  # (partial rollouts: groups still going at the round cap)
+    short = col.short and (collector.dynamic_sampling or col.kind is Collection.SEGMENTS)  # (partial rollouts: groups still going at the round cap)
     if short:
         m["rollout/short_batch"] = 1
         if on_short_batch == "error":
             raise ReasonRLError(f"step {step}: {col.label} kept {col.kept_groups} of {col.wanted} groups in {col.rounds} rounds: "
-                                f"raise --max-gen-rounds{' or --oversample' if collector.spec.dynamic_sampling else ''}, or pass --on-short-batch train|skip")
+                                f"raise --max-gen-rounds{' or --oversample' if collector.dynamic_sampling else ''}, or pass --on-short-batch train|skip")
         if on_short_batch == "skip":  # (partial rollouts: the batch's finished groups wait for the next step, not lost)
             collector.keep_back(col)
             col.groups = []
     if not col.groups:
         m.update(rollout_metrics(col, None, collector.ranks))
         m["actor/skipped_update"] = 1
-        if learner.policy_backend is not None:
-            learner.policy_backend.scheduler_step()
+        learner.scheduler_step("policy")
         return StepResult(m, col.generated, short_batch=short, collection=col.label, skipped_update=True)
 
     # 2. Prepare: old log-probs (and values, reference log-probs) under the current weights. With
     #    one update per batch the old log-probs are the update's own forward, detached (Learner).
     status(f"step {step}: prepare (old log-probs, values)")
-    t0 = time.perf_counter()
-    st = learner.prepare(col.groups, step=step)
-    m["perf/prepare_s"] = time.perf_counter() - t0
+    t_train = time.perf_counter()
+    with timed(m, "perf/prepare_s"):
+        st = learner.prepare(col.groups, step=step)
     m["perf/old_logp_pass"] = 0.0 if st.old_from_update else 1.0
     # 3. Advantages.
     learner.advantages(st, group_size=group_size)
     # 4. Updates: the critic, then the policy.
     if learner.critic_backend is not None:
         status(f"step {step}: update critic")
-        t1 = time.perf_counter()
-        m.update(update_critic(learner, st))
-        m["perf/update_critic_s"] = time.perf_counter() - t1
+        with timed(m, "perf/update_critic_s"):
+            m.update(update_critic(learner, st))
     status(f"step {step}: update actor")
-    t1 = time.perf_counter()
-    m.update(learner.update_policy(st))
-    learner.policy_backend.scheduler_step()
-    m["perf/update_actor_s"] = time.perf_counter() - t1
+    with timed(m, "perf/update_actor_s"):
+        m.update(learner.update_policy(st))
+        learner.scheduler_step("policy")
     m.update(st.metrics)  # rollout/trainer mismatch, TIS
     m.update(rollout_metrics(col, st, collector.ranks))  # (entropy: of the old log-probs' forward)
     m.update(position_metrics(st))
@@ -101,14 +97,12 @@ def train_step(collector: Collector, learner: Learner, engine: Any, *, step: int
         m["actor/bad_step"] = 1
     n_tok = int(st.batch.attention_mask.sum())
     m["perf/train_tokens"] = n_tok
-    m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(time.perf_counter() - t0, 1e-9)  # tokens through the policy update per second
+    m["perf/train_tokens_per_s"] = n_tok * learner.epochs / max(time.perf_counter() - t_train, 1e-9)  # tokens through the policy update per second
 
     # 5. Sync: the new policy weights into the generation engine.
     status(f"step {step}: sync weights")
-    t0 = time.perf_counter()
-    backend = learner.policy_backend
-    engine.update_weights(engine_weights(backend.model, backend.full_state_dict()))  # (LoRA: the merged linear layers)
-    m["perf/weight_sync_s"] = time.perf_counter() - t0
+    with timed(m, "perf/weight_sync_s"):
+        engine.update_weights(learner.engine_weights())  # (LoRA: the merged linear layers)
     m["perf/step_s"] = time.perf_counter() - t_step
     m.update(peak_memory())
     m.update(perf.metrics(m) if perf is not None else {})  # each phase's share of its bound, MFU (reasonrl.perf.StepPerf)
@@ -125,7 +119,7 @@ def value_step(collector: Any, learner: Learner, *, step: int, prompts_per_step:
     status(f"value step {step}: {source}")
     col = collector.collect(prompts_per_step, step=step, dynamic=False)  # an equal share on every rank
     if not col.groups:
-        learner.critic_backend.scheduler_step()
+        learner.scheduler_step("critic")
         return None
     status(f"value step {step}: values + update critic")
     st = learner.prepare(col.groups, step=step)
@@ -138,5 +132,5 @@ def value_step(collector: Any, learner: Learner, *, step: int, prompts_per_step:
 def update_critic(learner: Learner, st: Any) -> dict[str, Any]:
     """The critic's updates over the step's batch, then its LR schedule's step (train and pretrain-value alike)."""
     m = learner.update_critic(st)
-    learner.critic_backend.scheduler_step()
+    learner.scheduler_step("critic")
     return m

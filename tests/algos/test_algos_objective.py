@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reasonrl.algos import LossParams, aggregate, kl_penalty, policy_loss, positive_example_nll
-from reasonrl.algos.objective import policy_objective
+from reasonrl.algos.objective import ObjectiveInputs, policy_objective
 
 
 def _inputs():
@@ -24,8 +24,8 @@ def _inputs():
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_objective_is_the_sum_of_its_terms(agg: str) -> None:
     logp, old, ref, adv, mask, correct = _inputs()
-    obj = policy_objective(logp, old, adv, mask, loss="ppo-clip", params=LossParams(eps_high=0.28), agg=agg, max_len=7, ref_logp=ref,
-                           kl_coef=0.1, kl_kind="k3", pos_lm_coef=0.5, correct=correct, nll_denominator=4.0)
+    obj = policy_objective(ObjectiveInputs(logp, old, adv, mask, loss="ppo-clip", params=LossParams(eps_high=0.28), agg=agg, max_len=7, ref_logp=ref,
+                           kl_coef=0.1, kl_kind="k3", pos_lm_coef=0.5, correct=correct, nll_denominator=4.0))
     pg = policy_loss(logp, old, adv, mask, agg=agg, max_len=7, eps_high=0.28).loss
     kl = aggregate(kl_penalty(logp, ref, "k3"), mask, agg, max_len=7)
     nll, _ = positive_example_nll(logp, mask, correct, denominator=4.0)
@@ -37,11 +37,11 @@ def test_objective_is_the_sum_of_its_terms(agg: str) -> None:
 
 def test_terms_off() -> None:
     logp, old, ref, adv, mask, _ = _inputs()
-    plain = policy_objective(logp, old, adv, mask, loss="ppo-clip", params=LossParams(), agg="token-mean")
-    no_kl = policy_objective(logp, old, adv, mask, loss="ppo-clip", params=LossParams(), agg="token-mean", ref_logp=ref, kl_coef=0.0)
+    plain = policy_objective(ObjectiveInputs(logp, old, adv, mask, loss="ppo-clip", params=LossParams(), agg="token-mean"))
+    no_kl = policy_objective(ObjectiveInputs(logp, old, adv, mask, loss="ppo-clip", params=LossParams(), agg="token-mean", ref_logp=ref, kl_coef=0.0))
     assert plain.nll is None and "kl_ref" not in plain.metrics and "kl_ref" not in no_kl.metrics
     torch.testing.assert_close(no_kl.loss, plain.loss)
     with pytest.raises(ValueError, match="correct"):
-        policy_objective(logp, old, adv, mask, loss="ppo-clip", params=LossParams(), agg="token-mean", pos_lm_coef=0.1)
+        policy_objective(ObjectiveInputs(logp, old, adv, mask, loss="ppo-clip", params=LossParams(), agg="token-mean", pos_lm_coef=0.1))
     with pytest.raises(ValueError, match="policy loss"):
-        policy_objective(logp, old, adv, mask, loss="nope", params=LossParams(), agg="token-mean")
+        policy_objective(ObjectiveInputs(logp, old, adv, mask, loss="nope", params=LossParams(), agg="token-mean"))

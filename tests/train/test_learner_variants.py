@@ -125,8 +125,8 @@ def test_adaptive_entropy_coefficient_moves_after_the_step(tiny_model) -> None:
         learner.advantages(st, group_size=group_size)
         m = learner.update_policy(st)
         assert m["actor/entropy_coef"] == 0.002 and m["actor/entropy_loss"] < 0  # step 1: alpha_0, on
-        assert math.isclose(learner.entropy_coef, coef, rel_tol=1e-12) and learner.entropy_on is on
-        assert learner.applied_entropy_coef() == (coef if on else 0.0)
+        assert math.isclose(learner.entropy.coef, coef, rel_tol=1e-12) and learner.entropy.on is on
+        assert learner.entropy.applied() == (coef if on else 0.0)
         fresh, _, _ = _learner(tiny_model, base.replace(entropy_target=target), micro=16)
-        fresh.load_state(learner.state())
-        assert (fresh.entropy_coef, fresh.entropy_on) == (learner.entropy_coef, learner.entropy_on)
+        fresh.load(learner.state())
+        assert (fresh.entropy.coef, fresh.entropy.on) == (learner.entropy.coef, learner.entropy.on)
