@@ -176,3 +176,31 @@ def test_the_performance_table_is_the_committed_results() -> None:
                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     assert len(table.splitlines()) > 2, "bench/results/ holds no <regime>.json"
     assert table in (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+
+
+
+def _code_map() -> str:
+    text = (ROOT / "docs" / "development.md").read_text()
+    start = text.index("\n## Code map")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def _off_the_map(cmap: str, package: Path) -> tuple[set[str], set[str]]:
+    """(modules of ``package`` the map does not name as `dir/module.py`, names on the map that are no module)."""
+    modules = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if p.name != "__init__.py"}
+    named = {n for n in re.findall(r"`([a-z_/]+\.py)`", cmap) if not n.startswith("tests/")}
+    return modules - named, named - modules
+
+
+def test_the_code_map_names_every_module() -> None:
+    """docs/development.md's code map names every module of reasonrl/ (as `package/module.py`), and
+    no module that no longer exists: a new module is placed on the map when it lands."""
+    missing, extra = _off_the_map(_code_map(), ROOT / "reasonrl")
+    assert not missing, f"missing from the code map: {sorted(missing)}"
+    assert not extra, f"the code map names modules that do not exist: {sorted(extra)}"
+
+
+def test_the_code_map_check_finds_a_missing_and_a_stale_module() -> None:
+    cmap = _code_map().replace("`train/micro.py`", "the micro-batch planner") + " `train/gone.py`"
+    assert _off_the_map(cmap, ROOT / "reasonrl") == ({"train/micro.py"}, {"train/gone.py"})
