@@ -1,0 +1,180 @@
+"""The long-CoT ladders' curves (issue 39): from a `reasonrl ablate` directory whose runs kept their
+rollouts (`keep_rollouts = true`), per rung and seed and step, what the policy wrote and how it did.
+
+    python bench/long_cot.py runs/ablate-length --name length --out docs/ablations
+
+Per step, from ``rollouts/step_N.parquet`` (every response generated that step, kept by dynamic
+sampling or not): the mean response length (tokens), of the right and of the wrong ones apart, the
+share that writes the steps (bench/cot_task.py's rule: at least 2 ``=`` before the last
+``Answer:``), the accuracy. From ``metrics.jsonl``: entropy, the clipped fractions (upper, lower),
+validation accuracy and response length at each validation. From ``validation.jsonl``: the change of
+validation accuracy from step 0 to the last validation, paired by seed and problem, with the crossed
+interval `reasonrl ablate` uses (seeds × problems, reasonrl.evaluation.scores.crossed_mean_ci).
+
+Writes ``<out>/<name>-curves.json`` (per rung: the summary and every seed's curves) and
+``<out>/<name>-curves.png``. Reads finished and unfinished runs alike (say which in the JSON), so it
+can be run while a ladder is still going.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cot_task import writes_steps  # noqa: E402
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.fmean(xs) if xs else None
+
+
+def _jsonl(p: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.is_file() else []
+
+
+def step_stats(parquet: Path) -> dict[str, Any]:
+    import pandas as pd
+
+    d = pd.read_parquet(parquet, columns=["response", "correct", "length", "kept", "finish_reason"])
+    right, wrong = d[d["correct"]], d[~d["correct"]]
+    steps = d["response"].map(writes_steps)
+    return {"responses": int(len(d)), "length": float(d["length"].mean()), "length_right": float(right["length"].mean()) if len(right) else None,
+            "length_wrong": float(wrong["length"].mean()) if len(wrong) else None, "acc": float(d["correct"].mean()),
+            "steps_share": float(steps.mean()), "acc_steps": float(d["correct"][steps].mean()) if steps.any() else None,
+            "acc_direct": float(d["correct"][~steps].mean()) if (~steps).any() else None,
+            "truncated": float((d["finish_reason"] == "length").mean())}
+
+
+def run_curves(run: Path) -> dict[str, Any]:
+    metrics = {m["step"]: m for m in _jsonl(run / "metrics.jsonl")}
+    steps = sorted(int(p.stem.split("_")[1]) for p in (run / "rollouts").glob("step_*.parquet")) if (run / "rollouts").is_dir() else []
+    per_step = []
+    for s in steps:
+        m = metrics.get(s, {})
+        per_step.append({"step": s, **step_stats(run / "rollouts" / f"step_{s}.parquet"), "entropy": m.get("actor/entropy"),
+                         "clip_upper": m.get("actor/clipfrac_upper"), "clip_lower": m.get("actor/clipfrac_lower"), "step_s": m.get("perf/step_s")})
+    val = [{"step": s, "acc": m["val/avg@2"] if "val/avg@2" in m else next((v for k, v in m.items() if k.startswith("val/avg@") and k.count("/") == 1
+                                                                           and not k.endswith(("_low", "_high"))), None),
+            "length": m.get("val/response_length_mean")} for s, m in sorted(metrics.items()) if any(k.startswith("val/avg@") for k in m)]
+    finished = (run / "manifest.json").is_file()
+    return {"finished": finished, "steps": per_step, "validation": val}
+
+
+def val_change(runs: list[Path]) -> dict[str, Any] | None:
+    """Last validation − step 0's, paired by seed and problem, with the crossed interval."""
+    from reasonrl.evaluation.scores import crossed_mean_ci
+
+    diffs = []
+    for run in runs:
+        recs = sorted(_jsonl(run / "validation.jsonl"), key=lambda r: r["step"])
+        key = next((k for r in recs for k in r if k.startswith("avg@")), None)
+        if len(recs) < 2 or key is None or recs[0]["step"] != 0:
+            continue
+        first, last = recs[0], recs[-1]
+        if first["where"] != last["where"]:
+            continue
+        diffs.append((last["step"], [float(b) - float(a) for a, b in zip(first[key], last[key], strict=True)]))
+    if not diffs:
+        return None
+    last_steps = {s for s, _ in diffs}
+    per_seed = [d for _, d in diffs]
+    ci = crossed_mean_ci(per_seed, bounds=(-1.0, 1.0)) if len(per_seed) > 1 else (math.nan, math.nan)
+    return {"value": statistics.fmean(statistics.fmean(d) for d in per_seed), "ci": list(ci), "seeds": len(per_seed),
+            "last_steps": sorted(last_steps), "per_seed": [statistics.fmean(d) for d in per_seed]}
+
+
+def summarise(rung_dir: Path) -> dict[str, Any]:
+    runs = sorted((p for p in rung_dir.glob("seed-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
+    seeds = {p.name: run_curves(p) for p in runs}
+    full = [c for c in seeds.values() if c["steps"]]
+    common = min((c["steps"][-1]["step"] for c in full), default=0)
+
+    def at(step: int, key: str) -> float | None:
+        return _mean([next((r[key] for r in c["steps"] if r["step"] == step), None) for c in full])
+
+    first_val = _mean([c["validation"][0]["acc"] for c in full if c["validation"] and c["validation"][0]["step"] == 0])
+    last_val = _mean([c["validation"][-1]["acc"] for c in full if c["validation"]])
+    out = {"seeds": list(seeds), "finished": [k for k, c in seeds.items() if c["finished"]], "common_last_step": common,
+           "length_first": at(1, "length"), "length_last": at(common, "length") if common else None,
+           "steps_share_first": at(1, "steps_share"), "steps_share_last": at(common, "steps_share") if common else None,
+           "val_length_first": _mean([c["validation"][0]["length"] for c in full if c["validation"]]),
+           "val_length_last": _mean([c["validation"][-1]["length"] for c in full if c["validation"]]),
+           "val_acc_first": first_val, "val_acc_last": last_val, "val_change": val_change(runs),
+           "clip_upper_mean": _mean([r["clip_upper"] for c in full for r in c["steps"]]),
+           "clip_lower_mean": _mean([r["clip_lower"] for c in full for r in c["steps"]]),
+           "step_s_median": statistics.median([r["step_s"] for c in full for r in c["steps"] if r["step_s"]]) if full else None}
+    if out["length_first"] and out["length_last"]:
+        out["length_ratio"] = out["length_last"] / out["length_first"]
+    return {"summary": out, "seeds": seeds}
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("length", "response length (tokens)"), ("steps_share", "share writing the steps"), ("acc", "training accuracy"),
+              ("entropy", "entropy (nats/token)"), ("length_right", "length of right responses"), ("length_wrong", "length of wrong responses")]
+    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    axes = axes.ravel()
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (rung, r) in enumerate(doc["rungs"].items()):
+        c = colours[i % len(colours)]
+        for j, (key, title) in enumerate(panels):
+            ax = axes[j]
+            for seed in r["seeds"].values():
+                xs = [x["step"] for x in seed["steps"] if x.get(key) is not None]
+                ys = [x[key] for x in seed["steps"] if x.get(key) is not None]
+                ax.plot(xs, ys, color=c, alpha=0.25, lw=0.8)
+            steps = sorted({x["step"] for s in r["seeds"].values() for x in s["steps"]})
+            mean = [(_mean([next((x[key] for x in s["steps"] if x["step"] == st), None) for s in r["seeds"].values()])) for st in steps]
+            ax.plot([s for s, m in zip(steps, mean) if m is not None], [m for m in mean if m is not None], color=c, lw=2, label=rung)
+            ax.set_title(title, fontsize=10)
+        for k, (key, title) in enumerate((("acc", "validation accuracy (avg@2)"), ("length", "validation response length"))):
+            ax = axes[6 + k]
+            for seed in r["seeds"].values():
+                ax.plot([v["step"] for v in seed["validation"]], [v[key] for v in seed["validation"]], color=c, alpha=0.35, lw=1, marker="o", ms=3)
+            ax.set_title(title, fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{doc['name']}: {doc['source']} (thin: seeds; thick: their mean)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ablation", type=Path)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "ablations")
+    a = ap.parse_args()
+    plan = json.loads((a.ablation / "plan.json").read_text())
+    rungs = {r["name"]: summarise(a.ablation / r["name"]) for r in plan["rungs"] if (a.ablation / r["name"]).is_dir()}
+    doc = {"name": a.name, "source": plan.get("source"), "command": f"python bench/long_cot.py {a.ablation} --name {a.name}",
+           "steps_rule": "writes the steps: at least 2 '=' before the last 'Answer:' (bench/cot_task.py)", "rungs": rungs}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / f"{a.name}-curves.json").write_text(json.dumps(doc, indent=1) + "\n")
+    plot(doc, a.out / f"{a.name}-curves.png")
+    for name, r in rungs.items():
+        s = r["summary"]
+        vc = s["val_change"]
+        print(f"{name}: seeds {len(s['seeds'])} (finished {len(s['finished'])}), steps to {s['common_last_step']}; length {s['length_first']} → "
+              f"{s['length_last']}; steps share {s['steps_share_first']} → {s['steps_share_last']}; val {s['val_acc_first']} → {s['val_acc_last']}"
+              + (f" (Δ {vc['value']:+.3f} [{vc['ci'][0]:+.3f}, {vc['ci'][1]:+.3f}])" if vc else ""))
+
+
+if __name__ == "__main__":
+    main()
