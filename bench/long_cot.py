@@ -71,8 +71,9 @@ def run_curves(run: Path) -> dict[str, Any]:
 
 
 def val_change(runs: list[Path]) -> dict[str, Any] | None:
+    runs = [r for r in runs if (r / "manifest.json").is_file()] or runs
     """Last validation − step 0's, paired by seed and problem, with the crossed interval."""
-    from reasonrl.evaluation.scores import crossed_mean_ci
+    from reasonrl.evaluation.scores import bootstrap_ci, crossed_mean_ci
 
     diffs = []
     for run in runs:
@@ -88,15 +89,17 @@ def val_change(runs: list[Path]) -> dict[str, Any] | None:
         return None
     last_steps = {s for s, _ in diffs}
     per_seed = [d for _, d in diffs]
-    ci = crossed_mean_ci(per_seed, bounds=(-1.0, 1.0)) if len(per_seed) > 1 else (math.nan, math.nan)
+    ci = crossed_mean_ci(per_seed, bounds=(-1.0, 1.0)) if len(per_seed) > 1 else bootstrap_ci(per_seed[0], n_boot=2000, seed=0)
     return {"value": statistics.fmean(statistics.fmean(d) for d in per_seed), "ci": list(ci), "seeds": len(per_seed),
+            "interval": "crossed (seeds x problems)" if len(per_seed) > 1 else "one seed: bootstrap over the problems",
             "last_steps": sorted(last_steps), "per_seed": [statistics.fmean(d) for d in per_seed]}
 
 
 def summarise(rung_dir: Path) -> dict[str, Any]:
     runs = sorted((p for p in rung_dir.glob("seed-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
     seeds = {p.name: run_curves(p) for p in runs}
-    full = [c for c in seeds.values() if c["steps"]]
+    done = [c for c in seeds.values() if c["finished"] and c["steps"]]
+    full = done or [c for c in seeds.values() if c["steps"]]  # (the summary is over the finished seeds while there are some)
     common = min((c["steps"][-1]["step"] for c in full), default=0)
 
     def at(step: int, key: str) -> float | None:
@@ -104,7 +107,8 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
 
     first_val = _mean([c["validation"][0]["acc"] for c in full if c["validation"] and c["validation"][0]["step"] == 0])
     last_val = _mean([c["validation"][-1]["acc"] for c in full if c["validation"]])
-    out = {"seeds": list(seeds), "finished": [k for k, c in seeds.items() if c["finished"]], "common_last_step": common,
+    out = {"seeds": list(seeds), "finished": [k for k, c in seeds.items() if c["finished"]], "summary_over": "finished seeds" if done else "all seeds so far",
+           "common_last_step": common,
            "length_first": at(1, "length"), "length_last": at(common, "length") if common else None,
            "steps_share_first": at(1, "steps_share"), "steps_share_last": at(common, "steps_share") if common else None,
            "val_length_first": _mean([c["validation"][0]["length"] for c in full if c["validation"]]),
