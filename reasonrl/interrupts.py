@@ -21,6 +21,15 @@ loop puts back) is dropped at once (:class:`StepAbandoned`); a step that has sta
 finished. A second signal while stopping (at least ``repeat_s`` after the first: one Ctrl-C reaches
 torchrun and its workers, and torchrun forwards it again) abandons at once: the previous checkpoint
 stays the latest. Once the loop is closing (engine, trackers; then the final outputs) signals are ignored.
+
+The end of a stage (the CLI's process): once its run is finished (``train``'s steps are over:
+:meth:`StepStop.closing`; ``eval``'s manifest is written: :func:`last_write`; any stage's ``run_…``
+returned: :func:`stage_finished`) a SIGTERM is only noted: the command ends as it would have (exit
+0), and SIGTERM and SIGINT are ignored (``SIG_IGN``) from the command's return to the process's exit.
+A stage that runs others (``main-job``) stops before its next one starts (:func:`stage_starts`):
+one line, exit 143. (The CLI's handler used to raise it: "… did not finish (no manifest.json
+written)", exit 143, the manifest written; and Python puts the default action back for every signal
+with a Python handler as it shuts down, so one in its last moments killed it by the raw signal, -15.)
 """
 
 from __future__ import annotations
@@ -65,12 +74,13 @@ class _Held:
 
     pending = 0
     armed = False
+    finished = False  # the stage's run is finished: a SIGTERM is only noted
 
     def __call__(self, signum: int, frame: Any) -> None:
         if self.pending:
             return  # already stopping
         self.pending = signum
-        if self.armed:
+        if self.armed and not self.finished:
             raise Interrupted(signum)
 
 
@@ -80,14 +90,16 @@ _HELD = _Held()
 def hold_sigterm() -> None:
     """Install the CLI's SIGTERM handler: a SIGTERM is held until :func:`sigterm_raises` is entered,
     raised at once inside it, ignored after the first."""
-    _HELD.pending, _HELD.armed = 0, False
+    _HELD.pending, _HELD.armed, _HELD.finished = 0, False, False
     signal.signal(signal.SIGTERM, _HELD)
 
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """Inside (a stage command), SIGTERM raises :class:`Interrupted` (one held from before raises on
-    entering); a no-op unless :func:`hold_sigterm` installed the handler."""
+    entering); once the command returned, SIGTERM and SIGINT are ignored to the process's exit (not
+    a Python handler: it stays through the interpreter's shutdown); a no-op unless
+    :func:`hold_sigterm` installed the handler."""
     if signal.getsignal(signal.SIGTERM) is not _HELD:  # (the stage run in-process, by a test or a script)
         yield
         return
@@ -96,8 +108,42 @@ def sigterm_raises() -> Iterator[None]:
         if _HELD.pending:
             raise Interrupted(_HELD.pending)
         yield
+        if _main_thread():  # the command's run is finished (a SIGTERM since was noted, not raised)
+            for s in SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
     finally:
         _HELD.armed = False
+
+
+def stage_starts() -> None:
+    """A stage's ``run_…`` starts (``reasonrl.rundir.releases_claims``; the stages a ``main-job``
+    runs too): the previous stage's finished state ends, and a SIGTERM noted since stops this one
+    before it starts (:class:`Interrupted`)."""
+    if _HELD.finished:
+        _HELD.finished = False
+        if _HELD.pending:
+            raise Interrupted(_HELD.pending)
+
+
+def stage_finished() -> None:
+    """The stage's run is finished (its manifest written): a SIGTERM from now on is only noted (by
+    the CLI's handler; the command ends as it would have, :func:`stage_starts` raises it in a next
+    stage). Only the CLI's handler reads it (:func:`hold_sigterm` starts it afresh)."""
+    _HELD.finished = True
+
+
+@contextlib.contextmanager
+def last_write() -> Iterator[None]:
+    """Around a stage's last write (its manifest): a SIGTERM from its start on is only noted
+    (:func:`stage_finished`; one before it stops the stage as usual, no manifest). Should the write
+    fail, its error is what the stage ends with. (Not a blocked signal mask: that is per thread, and
+    a signal to the process goes to any thread that does not block it.)"""
+    stage_finished()
+    try:
+        yield
+    except BaseException:
+        _HELD.finished = False
+        raise
 
 
 def exit_line(e: BaseException, stage: str) -> tuple[str | None, int]:
@@ -185,6 +231,9 @@ class StepStop:
 
     def closing(self) -> None:
         """The loop is over (stopped, finished or failed): what is left is closing the engine and
-        trackers and writing the outputs or the one line; signals from now on are ignored."""
+        trackers and writing the outputs or the one line; signals from now on are ignored (by the
+        CLI's handler too, once put back, :func:`stage_finished`)."""
         self._abandonable = False
         self._closing = True
+        if self._prev.get(signal.SIGTERM) is _HELD and not self.signum:  # (the CLI's: a SIGTERM after :meth:`uninstall` is only noted)
+            stage_finished()

@@ -357,13 +357,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def releases_claims(fn: F) -> F:
     """Decorate a stage's ``run_…``: every directory it claimed is released when it returns or raises
-    (a stage that runs others, like the main job, releases only its own claims)."""
+    (a stage that runs others, like the main job, releases only its own claims); its start and end
+    for SIGTERM (``reasonrl.interrupts.stage_starts`` / ``stage_finished``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from reasonrl.interrupts import stage_finished, stage_starts
+
         before = set(_HELD)
         try:
-            return fn(*args, **kwargs)
+            stage_starts()  # (a SIGTERM noted after the previous stage of a main job finished: stop here)
+            result = fn(*args, **kwargs)
+            stage_finished()  # (returned: its run is finished, a SIGTERM from now on is only noted)
+            return result
         finally:
             for p in [p for p in _HELD if p not in before]:
                 _HELD[p].release()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from reasonrl.interrupts import Interrupted, StepAbandoned, StepStop, exit_line, hold_sigterm, sigterm_raises
+from reasonrl.interrupts import Interrupted, StepAbandoned, StepStop, exit_line, hold_sigterm, last_write, sigterm_raises, stage_finished, stage_starts
 from reasonrl.train.ranks import Ranks
 
 
@@ -114,3 +114,44 @@ def test_a_second_signal_abandons_at_once():
         assert e.value.signum == signal.SIGTERM and not e.value.message  # (the stage says where it stopped)
     finally:
         stop.uninstall()
+
+
+def test_a_finished_stage_notes_sigterm_and_the_command_ends_ignoring_it():
+    """Once a stage's run is finished (its manifest written, or train's loop closing) a SIGTERM is only
+    noted: the command returns as it would have, and from its return to the process's exit both
+    signals are ignored (SIG_IGN: Python resets its own handlers to the default action as it shuts
+    down, which killed the process by the raw signal). A stage that runs others (main-job) stops at
+    the next one's start."""
+    hold_sigterm()
+    with sigterm_raises():  # a stage command
+        with last_write():  # its manifest: a signal during the write is only noted
+            _signal()
+        _signal()  # after it: noted (it used to raise "… did not finish (no manifest.json written)")
+    assert all(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGTERM, signal.SIGINT))
+
+    hold_sigterm()  # the stages of a main job, in one command
+    with pytest.raises(Interrupted) as e:
+        with sigterm_raises():
+            stage_starts()
+            stage_finished()  # the first stage returned
+            _signal()  # between two stages: noted ...
+            stage_starts()  # ... and the next one does not start
+    assert e.value.signum == signal.SIGTERM and not e.value.message
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # (stopped, not finished)
+
+    hold_sigterm()  # the training loop's stop, closing under the CLI's handler
+    with sigterm_raises():
+        stop = StepStop(repeat_s=3600)
+        stop.install(Ranks())
+        stop.closing()
+        _signal()  # closing: ignored
+        stop.uninstall()
+        _signal()  # the CLI's handler is back: only noted
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+
+    hold_sigterm()
+    with pytest.raises(Interrupted):  # before the last write: a stop as usual
+        with sigterm_raises():
+            _signal()
+            with last_write():
+                pass

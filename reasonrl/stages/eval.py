@@ -112,6 +112,7 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
     from reasonrl.engines.base import SamplingParams, engine_label
     from reasonrl.evaluation.scores import metrics_by_source, per_problem_values
     from reasonrl.evaluation.problems import merge_replicas
+    from reasonrl.interrupts import last_write
     from reasonrl.rewards import ScoreStats
     from reasonrl.progress import Display
     from reasonrl.rollouts import generate_rollouts
@@ -207,7 +208,8 @@ def run_eval(cfg: EvalConfig, console: Any = None, *, title: str | None = None) 
         write_json(out / "results.json", results)
         with RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg)) as runlog:
             runlog.log(0, val_metrics(results))
-        write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)}, extra={"reward": cfg.reward_record()})
+        with last_write():  # (a SIGTERM from here on is only noted: the run is finished, exit 0)
+            write_manifest(out, "eval", to_dict(cfg), {"model": str(gen.model_dir)}, extra={"reward": cfg.reward_record()})
     table = Table(title=title or f"eval {cfg.dataset}: {len(groups)} problems × {cfg.n} samples ({len(flat)} responses) — {gen.model_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")
