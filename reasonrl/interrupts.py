@@ -121,15 +121,16 @@ def stage_starts() -> None:
     before it starts (:class:`Interrupted`)."""
     if _HELD.finished:
         _HELD.finished = False
-        if _HELD.pending:
+        if _HELD.pending and signal.getsignal(signal.SIGTERM) is _HELD:
             raise Interrupted(_HELD.pending)
 
 
 def stage_finished() -> None:
     """The stage's run is finished (its manifest written): a SIGTERM from now on is only noted (by
     the CLI's handler; the command ends as it would have, :func:`stage_starts` raises it in a next
-    stage). Only the CLI's handler reads it (:func:`hold_sigterm` starts it afresh)."""
-    _HELD.finished = True
+    stage). A no-op unless the CLI's handler is installed (a stage run in-process: nothing to note)."""
+    if signal.getsignal(signal.SIGTERM) is _HELD:
+        _HELD.finished = True
 
 
 @contextlib.contextmanager
@@ -236,4 +237,4 @@ class StepStop:
         self._abandonable = False
         self._closing = True
         if self._prev.get(signal.SIGTERM) is _HELD and not self.signum:  # (the CLI's: a SIGTERM after :meth:`uninstall` is only noted)
-            stage_finished()
+            _HELD.finished = True
