@@ -139,11 +139,11 @@ def test_train_rollouts_bad_inputs(rollouts, prepared, format_model, tmp_path):
     val = tmp_path / "val-ro"  # rollouts of the validation split: no prompt in common with the training prompts
     r = run_cli("rollout", "--model", format_model, "--data", prepared, "--split", "validation", "--out", val, "--group-size", "2", *SMALL)
     assert r.exit_code == 0, r.output
-    assert_user_error(run_cli(*base, "--rollouts", val, "--out", tmp_path / "a"), "shares no prompt", "reasonrl rollout --data")
-    assert_user_error(run_cli(*base, "--rollouts", rollouts, "--unrated", "drop", "--min-pass-rate", "0.999", "--max-pass-rate", "1",
+    assert_user_error(run_cli(*base, "--filter-rollouts", val, "--out", tmp_path / "a"), "shares no prompt", "reasonrl rollout --data")
+    assert_user_error(run_cli(*base, "--filter-rollouts", rollouts, "--unrated", "drop", "--min-pass-rate", "0.999", "--max-pass-rate", "1",
                               "--out", tmp_path / "b"), "widen")
-    assert_user_error(run_cli(*base, "--min-pass-rate", "0.1", "--out", tmp_path / "c"), "--rollouts")
-    assert_user_error(run_cli(*base, "--rollouts", rollouts, "--min-pass-rate", "0.5", "--max-pass-rate", "0.5", "--out", tmp_path / "d"), "below")
+    assert_user_error(run_cli(*base, "--min-pass-rate", "0.1", "--out", tmp_path / "c"), "--filter-rollouts")
+    assert_user_error(run_cli(*base, "--filter-rollouts", rollouts, "--min-pass-rate", "0.5", "--max-pass-rate", "0.5", "--out", tmp_path / "d"), "below")
     assert_user_error(run_cli(*base, "--rollouts", tmp_path / "nowhere", "--out", tmp_path / "e"), "reasonrl rollout")
     assert not any((tmp_path / d).exists() for d in "abde")  # nothing written before the inputs were checked
 
