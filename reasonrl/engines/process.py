@@ -301,7 +301,12 @@ class EngineProcess:
 
     def _read(self) -> None:
         """The reader thread: every message from the child to its request's queue; at the child's
-        end, the line that says why to every request still waiting."""
+        end, the line that says why to every request still waiting. SIGINT and SIGTERM are blocked
+        in this thread, so the kernel delivers them to the main thread: one that lands here would
+        set Python's flag without waking the main thread from a sleep or a wait, and a Ctrl-C could
+        go unanswered for as long as that lasts."""
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         try:
             while True:
                 msg = self._recv_conn.recv()

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -287,3 +288,16 @@ address: a freed tensor's address can come back)."""
                 assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
         sizes.append(source[-1])
     assert sizes[1] - sizes[0] >= emb.numel() * 4  # (a plain dict's shared embedding written once; not deduplicated in another mapping)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/task/<tid>/status")
+def test_stop_signals_reach_the_main_thread_not_the_reader(tiny_model) -> None:
+    """The reader thread blocks SIGINT and SIGTERM: a process-directed Ctrl-C then always goes to the
+    main thread, which wakes from its sleep or wait and runs Python's handler (one that landed on the
+    reader thread left the main thread asleep: the Ctrl-C test hung for a minute in a CI run)."""
+    with EngineProcess(EngineOptions(engine="hf", dtype="fp32"), str(tiny_model), seed=0, threads=1) as eng:
+        reader = next(t for t in threading.enumerate() if t.name == f"engine-process-{eng.pid}")
+        status = Path(f"/proc/self/task/{reader.native_id}/status").read_text()
+        blocked = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigBlk:")), 16)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            assert blocked >> (sig - 1) & 1, (sig, hex(blocked))
