@@ -167,7 +167,9 @@ def test_build_failure_is_one_line(tmp_path) -> None:
 
 
 DRIVER = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (whatever the test process left: a Ctrl-C raises here)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     from reasonrl.engines.base import EngineOptions, SamplingParams
     from reasonrl.engines.process import EngineProcess
     eng = EngineProcess(EngineOptions(engine="hf", dtype="fp32"), sys.argv[1], seed=0, threads=1)
