@@ -94,14 +94,15 @@ def _config(cls: type, config: Any, options: dict[str, Any], stage: str) -> Any:
 
 def _run(run: Callable[[Any], Any], cfg: Any, verbose: bool) -> Any:
     """``run(cfg)`` as the CLI runs it: the libraries quiet unless ``verbose``, SIGTERM as the CLI
-    handles it when this process holds it (``reasonrl.interrupts``)."""
+    handles it when this process holds it (``reasonrl.interrupts``); the caller's SIGINT and SIGTERM
+    handlers are back afterwards, however it ended (a stopped stage leaves nothing ignored)."""
     from reasonrl import console
-    from reasonrl.interrupts import sigterm_raises
+    from reasonrl.interrupts import handlers_kept, sigterm_raises
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not verbose:
         console.quiet_libraries()
-    with sigterm_raises():
+    with handlers_kept(), sigterm_raises():
         return run(cfg)
 
 

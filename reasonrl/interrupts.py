@@ -23,13 +23,19 @@ torchrun and its workers, and torchrun forwards it again) abandons at once: the 
 stays the latest. Once the loop is closing (engine, trackers; then the final outputs) signals are ignored.
 
 The end of a stage (the CLI's process): once its run is finished (``train``'s steps are over:
-:meth:`StepStop.closing`; ``eval``'s manifest is written: :func:`last_write`; any stage's ``run_…``
-returned: :func:`stage_finished`) a SIGTERM is only noted: the command ends as it would have (exit
-0), and SIGTERM and SIGINT are ignored (``SIG_IGN``) from the command's return to the process's exit.
-A stage that runs others (``main-job``) stops before its next one starts (:func:`stage_starts`):
-one line, exit 143. (The CLI's handler used to raise it: "… did not finish (no manifest.json
-written)", exit 143, the manifest written; and Python puts the default action back for every signal
-with a Python handler as it shuts down, so one in its last moments killed it by the raw signal, -15.)
+:meth:`StepStop.closing`; a stage's manifest is being written: :func:`last_write`; any stage's
+``run_…`` returned: :func:`stage_finished`) a SIGTERM or a Ctrl-C is only noted (the CLI's handler
+takes SIGINT too until then): the command ends as it would have (exit 0), and SIGTERM and SIGINT are
+ignored (``SIG_IGN``) from the command's return to the process's exit. A stage that runs others
+(``main-job``) stops before its next one starts (:func:`stage_starts`): one line, exit 143 (130).
+(The CLI's handler used to raise it: "… did not finish (no manifest.json written)", exit 143, the
+manifest written; a Ctrl-C raised KeyboardInterrupt: exit 130, the same line; and Python puts the
+default action back for every signal with a Python handler as it shuts down, so one in its last
+moments killed it by the raw signal, -15.)
+
+In-process (a script calling ``reasonrl.train(...)``, a test calling ``run_…``): the caller's
+SIGINT / SIGTERM handlers are back after the call, stopped or not (:meth:`StepStop.uninstall`
+ignores both only in the CLI's process; the Python API wraps each stage in :func:`handlers_kept`).
 """
 
 from __future__ import annotations
@@ -74,7 +80,8 @@ class _Held:
 
     pending = 0
     armed = False
-    finished = False  # the stage's run is finished: a SIGTERM is only noted
+    finished = False  # the stage's run is finished: a SIGTERM (and a SIGINT, :func:`_finish`) is only noted
+    sigint: Any = None  # the SIGINT handler this one replaced while the run is finished (None: not replaced)
 
     def __call__(self, signum: int, frame: Any) -> None:
         if self.pending:
@@ -90,8 +97,33 @@ _HELD = _Held()
 def hold_sigterm() -> None:
     """Install the CLI's SIGTERM handler: a SIGTERM is held until :func:`sigterm_raises` is entered,
     raised at once inside it, ignored after the first."""
-    _HELD.pending, _HELD.armed, _HELD.finished = 0, False, False
+    _HELD.pending, _HELD.armed, _HELD.finished, _HELD.sigint = 0, False, False, None
     signal.signal(signal.SIGTERM, _HELD)
+
+
+def _cli() -> bool:
+    """Whether the CLI's handler has SIGTERM (this is the CLI's process, inside or around a command)."""
+    return signal.getsignal(signal.SIGTERM) is _HELD
+
+
+def _finish() -> None:
+    """The run is finished: a SIGTERM is only noted, and so is a SIGINT (the CLI's handler takes it
+    until :func:`_unfinish`; main thread only: elsewhere handlers cannot be set)."""
+    _HELD.finished = True
+    if _main_thread() and _HELD.sigint is None:
+        current = signal.getsignal(signal.SIGINT)
+        if current is not signal.SIG_IGN:  # (a process started with SIGINT ignored, in the background: it stays so)
+            _HELD.sigint = current if current is not None else signal.SIG_DFL
+            signal.signal(signal.SIGINT, _HELD)
+
+
+def _unfinish() -> None:
+    """The finished state ends (a next stage starts, or the last write failed): SIGINT's handler is back."""
+    _HELD.finished = False
+    if _HELD.sigint is not None and _main_thread():
+        if signal.getsignal(signal.SIGINT) is _HELD:
+            signal.signal(signal.SIGINT, _HELD.sigint)
+        _HELD.sigint = None
 
 
 @contextlib.contextmanager
@@ -100,19 +132,24 @@ def sigterm_raises() -> Iterator[None]:
     entering); once the command returned, SIGTERM and SIGINT are ignored to the process's exit (not
     a Python handler: it stays through the interpreter's shutdown); a no-op unless
     :func:`hold_sigterm` installed the handler."""
-    if signal.getsignal(signal.SIGTERM) is not _HELD:  # (the stage run in-process, by a test or a script)
+    if not _cli():  # (the stage run in-process, by a test or a script)
         yield
         return
     _HELD.armed = True
+    done = False
     try:
         if _HELD.pending:
             raise Interrupted(_HELD.pending)
         yield
-        if _main_thread():  # the command's run is finished (a SIGTERM since was noted, not raised)
+        if _main_thread():  # the command's run is finished (a SIGTERM or SIGINT since was noted, not raised)
             for s in SIGNALS:
                 signal.signal(s, signal.SIG_IGN)
+            _HELD.sigint = None
+        done = True
     finally:
         _HELD.armed = False
+        if not done:  # (it raised: SIGINT's own handler back, should a finished stage have taken it)
+            _unfinish()
 
 
 def stage_starts() -> None:
@@ -120,22 +157,22 @@ def stage_starts() -> None:
     runs too): the previous stage's finished state ends, and a SIGTERM noted since stops this one
     before it starts (:class:`Interrupted`)."""
     if _HELD.finished:
-        _HELD.finished = False
-        if _HELD.pending and signal.getsignal(signal.SIGTERM) is _HELD:
+        _unfinish()
+        if _HELD.pending and _cli():
             raise Interrupted(_HELD.pending)
 
 
 def stage_finished() -> None:
-    """The stage's run is finished (its manifest written): a SIGTERM from now on is only noted (by
-    the CLI's handler; the command ends as it would have, :func:`stage_starts` raises it in a next
-    stage). A no-op unless the CLI's handler is installed (a stage run in-process: nothing to note)."""
-    if signal.getsignal(signal.SIGTERM) is _HELD:
-        _HELD.finished = True
+    """The stage's run is finished (its manifest written): a SIGTERM or SIGINT from now on is only
+    noted (by the CLI's handler; the command ends as it would have, :func:`stage_starts` raises it in
+    a next stage). A no-op unless the CLI's handler is installed (a stage run in-process: nothing to note)."""
+    if _cli():
+        _finish()
 
 
 @contextlib.contextmanager
 def last_write() -> Iterator[None]:
-    """Around a stage's last write (its manifest): a SIGTERM from its start on is only noted
+    """Around a stage's last write (its manifest): a SIGTERM or SIGINT from its start on is only noted
     (:func:`stage_finished`; one before it stops the stage as usual, no manifest). Should the write
     fail, its error is what the stage ends with. (Not a blocked signal mask: that is per thread, and
     a signal to the process goes to any thread that does not block it.)"""
@@ -143,8 +180,26 @@ def last_write() -> Iterator[None]:
     try:
         yield
     except BaseException:
-        _HELD.finished = False
+        _unfinish()
         raise
+
+
+@contextlib.contextmanager
+def handlers_kept() -> Iterator[None]:
+    """Around a stage run in-process for a caller (the Python API): the SIGINT and SIGTERM handlers
+    the caller had are back afterwards, however the stage ended (a stopped one, under the CLI's
+    handler, leaves both ignored: right for the CLI's process on its way out, not for a caller that
+    goes on). Main thread only (elsewhere handlers cannot be set, nor changed by the stage)."""
+    if not _main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            if h is not None and signal.getsignal(s) is not h:
+                signal.signal(s, h)
 
 
 def exit_line(e: BaseException, stage: str) -> tuple[str | None, int]:
@@ -187,11 +242,16 @@ class StepStop:
             signal.signal(s, self._handler)
 
     def uninstall(self) -> None:
-        """Put back the handlers :meth:`install` found; after a stop, ignore both signals instead
-        (the process is on its way out with its one line)."""
+        """Put back the handlers :meth:`install` found; after a stop in the CLI's process, ignore both
+        signals instead (it is on its way out with its one line). In-process (a script, a test) the
+        caller's handlers come back, stopped or not. A run finished under the CLI's handler
+        (:meth:`closing`): SIGINT too is only noted from here on (:func:`stage_finished`)."""
+        cli = self._prev.get(signal.SIGTERM) is _HELD
         for s, h in self._prev.items():
-            signal.signal(s, signal.SIG_IGN if self.signum else (h if h is not None else signal.SIG_DFL))
+            signal.signal(s, signal.SIG_IGN if self.signum and cli else (h if h is not None else signal.SIG_DFL))
         self._prev = {}
+        if cli and _HELD.finished and not self.signum:
+            _finish()
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self._closing:

@@ -136,6 +136,44 @@ def test_errors_and_run_directory_rules(tiny_model, prepared, tmp_path):
     assert reasonrl.rollout(cfg, overwrite=True).metrics["samples"] == 4
 
 
+def test_a_stopped_stage_gives_the_caller_its_signal_handlers_back(tiny_model, prepared, toy_data_file, tmp_path, monkeypatch):
+    """A stage stopped by a Ctrl-C in-process raises KeyboardInterrupt, and the caller's SIGINT and
+    SIGTERM handlers are back after the call: the training loop's stop left both ignored (SIG_IGN),
+    and so did any stage run under the CLI's own SIGTERM handler (its command ends ignoring both), so
+    every later Ctrl-C of the caller, and of the subprocesses it starts, was lost. (The process's
+    handlers are put back after each test: tests/isolation.py.)"""
+    import signal
+
+    from reasonrl.interrupts import StepStop, hold_sigterm
+
+    def caller_int(signum, frame):
+        raise KeyboardInterrupt
+
+    def caller_term(signum, frame):
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGINT, caller_int)
+    signal.signal(signal.SIGTERM, caller_term)
+    begin_step = StepStop.begin_step
+
+    def ctrl_c_then_begin(self):
+        signal.raise_signal(signal.SIGINT)  # a Ctrl-C as the first step starts: the loop notes it, and drops the step
+        begin_step(self)
+
+    monkeypatch.setattr(StepStop, "begin_step", ctrl_c_then_begin)
+    with pytest.raises(KeyboardInterrupt) as e:
+        reasonrl.train(algo="grpo", data=prepared, out=tmp_path / "run", model=tiny_model, group_size=2, prompts_per_step=2, mini_batch_size=4,
+                       micro_batch_size=2, steps=1, quiet=True, **ENGINE)
+    assert getattr(e.value, "signum", None) == signal.SIGINT and "stopped by SIGINT" in str(e.value)
+    assert signal.getsignal(signal.SIGINT) is caller_int and signal.getsignal(signal.SIGTERM) is caller_term
+
+    hold_sigterm()  # a caller holding the CLI's SIGTERM handler: the stage runs as the CLI's, and the handlers stay the caller's
+    held = signal.getsignal(signal.SIGTERM)
+    res = reasonrl.prepare_data(inputs=[toy_data_file], out=tmp_path / "data", template="none", val_size=4, quiet=True)
+    assert res.paths["train"].is_file()
+    assert signal.getsignal(signal.SIGINT) is caller_int and signal.getsignal(signal.SIGTERM) is held
+
+
 def test_a_recipe_then_keywords(tmp_path):
     """``recipe=`` is read as ``--config`` is (its [rollout] table, a misspelled table refused) and
     keywords override it: group_size 0 from the recipe fails the check, group_size=2 passes it and

@@ -27,6 +27,14 @@ def _signal(sig: int = signal.SIGTERM) -> None:
     time.sleep(0.01)
 
 
+def _noted(sig: int) -> None:
+    """``sig`` sent, to be only noted: raising is this test's failure (not a KeyboardInterrupt ending the session)."""
+    try:
+        _signal(sig)
+    except KeyboardInterrupt as e:
+        pytest.fail(f"{signal.Signals(sig).name} raised {type(e).__name__} ({e}): not noted")
+
+
 def test_sigterm_raises_interrupted_a_keyboard_interrupt():
     hold_sigterm()
     closed = False
@@ -74,8 +82,21 @@ def test_step_stop_abandons_only_before_the_update_and_restores_handlers():
         _signal()  # a repeat within repeat_s (torchrun forwarding the same Ctrl-C): no effect
     finally:
         stop.uninstall()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # stopped: the process is on its way out
+    assert signal.getsignal(signal.SIGTERM) is prev  # stopped in-process (a script, a test): the caller's handlers are back (were SIG_IGN)
 
+    hold_sigterm()  # the CLI's process
+    stop = StepStop(repeat_s=3600)
+    stop.install(Ranks())
+    try:
+        stop.begin_step()
+        stop.commit()
+        _signal()
+    finally:
+        stop.uninstall()
+    assert all(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGTERM, signal.SIGINT))  # stopped: it is on its way out
+
+    signal.signal(signal.SIGTERM, prev)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stop = StepStop(repeat_s=3600)
     stop.install(Ranks())
     try:
@@ -158,3 +179,60 @@ def test_a_finished_stage_notes_sigterm_and_the_command_ends_ignoring_it():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # then stages run in-process (a test): what the CLI's noted is never raised
     stage_finished()
     stage_starts()
+
+
+def test_a_finished_stage_notes_ctrl_c_too():
+    """Ctrl-C (SIGINT) once a stage's run is finished is noted as a SIGTERM is: the command ends as it
+    would have (it raised KeyboardInterrupt: "… did not finish" beside the manifest, exit 130); in a
+    main job the next stage does not start (exit 130); the stage's own SIGINT handler is back whenever
+    the finished state ends (a next stage, a failed last write)."""
+    hold_sigterm()
+    with sigterm_raises():
+        with last_write():
+            _noted(signal.SIGINT)  # during the manifest's write: only noted
+        _noted(signal.SIGINT)  # after it: noted
+    assert all(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGTERM, signal.SIGINT))
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    hold_sigterm()  # a main job's stages
+    with pytest.raises(Interrupted) as e:
+        with sigterm_raises():
+            stage_starts()
+            stage_finished()  # the first stage returned
+            _noted(signal.SIGINT)  # between two stages: noted ...
+            stage_starts()  # ... and the next one does not start
+    assert e.value.signum == signal.SIGINT and exit_line(e.value, "main-job")[1] == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    hold_sigterm()
+    with sigterm_raises():
+        stage_finished()
+        stage_starts()  # a next stage starts (no signal): Ctrl-C raises again
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            _signal(signal.SIGINT)
+        with pytest.raises(OSError):
+            with last_write():  # the manifest's write fails: its error is the stage's end, and Ctrl-C raises again
+                raise OSError("disk full")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    hold_sigterm()  # the training loop's stop, closing under the CLI's handler: a Ctrl-C after it is noted
+    with sigterm_raises():
+        stop = StepStop(repeat_s=3600)
+        stop.install(Ranks())
+        stop.closing()
+        _signal(signal.SIGINT)  # closing: ignored
+        stop.uninstall()
+        _noted(signal.SIGINT)  # the loop's handlers are back, the run finished: only noted (it raised KeyboardInterrupt)
+    assert all(signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGTERM, signal.SIGINT))
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a process started with Ctrl-C ignored (in the background): it stays ignored
+    hold_sigterm()
+    with pytest.raises(Interrupted) as e:
+        with sigterm_raises():
+            stage_finished()
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            _noted(signal.SIGINT)
+            _signal()  # (a SIGTERM noted: the next stage stops for it, not for the ignored Ctrl-C)
+            stage_starts()
+    assert e.value.signum == signal.SIGTERM and signal.getsignal(signal.SIGINT) == signal.SIG_IGN

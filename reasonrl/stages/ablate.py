@@ -42,6 +42,7 @@ from typing import Any
 from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import check, opt, parse_sets, to_dict
 from reasonrl.errors import ReasonRLError
+from reasonrl.interrupts import last_write
 from reasonrl.rundir import claim, releases_claims
 from reasonrl.stages.ablation.jobs import Job, make_jobs, run_jobs
 from reasonrl.stages.ablation.plan import CRITICS, OUTPUTS, PRESETS, Plan, check_key, make_plan
@@ -163,7 +164,8 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
         write_json(out / "ablation.json", summary)
         print_table(summary, console)
         if summary["complete"]:
-            write_manifest(out, "ablate", to_dict(cfg), {}, extra={"outputs": [*OUTPUTS, *(r["name"] + "/" for r in doc["rungs"])]})
+            with last_write():  # (a SIGTERM or Ctrl-C from here on is only noted: the run is finished, exit 0)
+                write_manifest(out, "ablate", to_dict(cfg), {}, extra={"outputs": [*OUTPUTS, *(r["name"] + "/" for r in doc["rungs"])]})
     if summary["failed"]:
         raise ReasonRLError(f"{len(summary['failed'])} run(s) failed: {', '.join(summary['failed'])} (logs in {out / 'logs'}); "
                             "fix the cause and rerun the same command (finished runs are skipped)")

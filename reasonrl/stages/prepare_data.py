@@ -32,6 +32,7 @@ from reasonrl.data.readers import BadRow, NoAnswer, answer_flaw, extract_fields,
 from reasonrl.data.templates import ALL_TEMPLATES, messages_for
 from reasonrl.errors import ReasonRLError
 from reasonrl.evaluation.sets import EVAL_SETS
+from reasonrl.interrupts import last_write
 from reasonrl.progress import Display, open_bar
 from reasonrl.rundir import RunDir, claim, releases_claims
 from reasonrl.stages.options import ProgressOpts
@@ -477,7 +478,8 @@ def _write(cfg: PrepareConfig, run: RunDir, files: list[tuple[str, Path]], eval_
         write_json(out / "report.json", report)
         inputs: dict[str, str | Path | None] = {f"input{i}": f for i, (_, f) in enumerate(files)}
         inputs.update({f"decontaminate:{k}:{p.name}": p for k, v in eval_paths.items() for p in v})
-        write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
+        with last_write():  # (a SIGTERM or Ctrl-C from here on is only noted: the run is finished, exit 0)
+            write_manifest(out, STAGE, to_dict(cfg), inputs, extra={"counts": {"train": report["train"], "validation": report["validation"]}})
 
 
 def _sample(store: dict[str, list[Any]], key: str, value: Any, limit: int) -> None:

@@ -41,6 +41,7 @@ import torch
 from reasonrl import algos as A
 from reasonrl.artifacts import write_json, write_manifest
 from reasonrl.config import SEED_MAX, check, opt, to_dict
+from reasonrl.interrupts import last_write
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.tracking.base import TRACKER_OUTPUTS
 from reasonrl.stages.options import BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, ScheduleOpts, TrackOpts
@@ -339,6 +340,7 @@ def write_outputs(cfg: PretrainValueConfig, out: Path, data: ValueData, summary:
     write_json(out / "bias.json", bias)
     write_json(out / "summary.json", summary)
     inputs = {"rollouts": str(art.path)} if art is not None else {"data": cfg.data}
-    write_manifest(out, "pretrain-value", to_dict(cfg), {**inputs, "policy": str(policy_dir)},
-                   extra={"outputs": ["critic/", *(["critic/adapter/"] if lora else []), "metrics.jsonl", "bias.json"], "world_size": world,
-                          "reward": data.reward, "steps": steps, **({"sampled_by": art.policy} if art is not None else {})})
+    with last_write():  # (a SIGTERM or Ctrl-C from here on is only noted: the run is finished, exit 0)
+        write_manifest(out, "pretrain-value", to_dict(cfg), {**inputs, "policy": str(policy_dir)},
+                       extra={"outputs": ["critic/", *(["critic/adapter/"] if lora else []), "metrics.jsonl", "bias.json"], "world_size": world,
+                              "reward": data.reward, "steps": steps, **({"sampled_by": art.policy} if art is not None else {})})

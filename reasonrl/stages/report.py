@@ -11,6 +11,7 @@ from typing import Any
 
 from reasonrl.artifacts import write_manifest
 from reasonrl.config import check, opt, to_dict
+from reasonrl.interrupts import last_write
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import ProgressOpts
 
@@ -43,8 +44,9 @@ def run_report(cfg: ReportConfig, console: Any = None) -> Any:
         with Display(console, quiet=cfg.quiet):
             rep = build_report(cfg.runs, cfg.out, smooth=cfg.smooth, title=cfg.title)
         inputs = {f"{r.label}/{f}": r.path / f for r in rep.runs for f in ("metrics.jsonl", "bias.json", "results.json") if (r.path / f).is_file()}
-        write_manifest(rep.out, "report", to_dict(cfg), inputs,
-                       extra={"figures": [p.name for p in rep.figures], "skipped": rep.skipped, "skipped_records": rep.skipped_records})
+        with last_write():  # (a SIGTERM or Ctrl-C from here on is only noted: the run is finished, exit 0)
+            write_manifest(rep.out, "report", to_dict(cfg), inputs,
+                           extra={"figures": [p.name for p in rep.figures], "skipped": rep.skipped, "skipped_records": rep.skipped_records})
     unread = sum(rep.skipped_records.values())
     console.print(f"report: {len(rep.runs)} run(s), {len(rep.figures)} figures" + (f", not drawn: {', '.join(rep.skipped)}" if rep.skipped else "")
                   + (f", {unread} unreadable record(s) skipped in {len(rep.skipped_records)} file(s) (named in report.html)" if unread else "")

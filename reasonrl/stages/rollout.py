@@ -13,6 +13,7 @@ from typing import Any
 from reasonrl.artifacts import hash_weights, write_json, write_manifest
 from reasonrl.config import check, opt, to_dict
 from reasonrl.engines.base import engine_label
+from reasonrl.interrupts import last_write
 from reasonrl.rundir import open_output, releases_claims
 from reasonrl.stages.options import ModelOpts, ProgressOpts, RolloutOpts, open_generation
 
@@ -79,7 +80,8 @@ def run_rollout(cfg: RolloutConfig, console: Any = None) -> dict[str, Any]:
     with run.writing(outputs):
         write_json(out / "summary.json", summary)
         policy = {"path": str(gen.model_dir), "weights_sha256": hash_weights(gen.model_dir)}  # (pretrain-value --rollouts checks it)
-        write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)}, extra={"reward": cfg.reward_record(), "policy": policy})
+        with last_write():  # (a SIGTERM or Ctrl-C from here on is only noted: the run is finished, exit 0)
+            write_manifest(out, "rollout", to_dict(cfg), {"data": cfg.data, "model": str(gen.model_dir)}, extra={"reward": cfg.reward_record(), "policy": policy})
     errs = f", {summary['reward_errors']} scored -1 because the reward failed (reward_errors)" if summary["reward_errors"] else ""
     console.print(f"rollout: {st.samples} responses, accuracy {summary['accuracy']:.3f}{errs}, {summary['gen_tokens_per_s']:.0f} tok/s → {out / 'rollouts.parquet'}")
     return summary
