@@ -18,12 +18,18 @@ Variants (one model and optimizer; every run starts from the same weights):
 - ``separate``: the old log-probs from a separate no-grad pass, micro-batches cut in the
   mini-batch's random order (reasonrl before issue 12);
 - ``fused``: the old log-probs from the update's own forward (decided in ``Learner.prepare``), random order;
-- ``default``: fused, and micro-batches arranged by prompt / length (``Learner.arrange``): what
-  ``reasonrl train`` does.
+- ``default``: fused, and micro-batches arranged by prompt / length (``Learner.micro_batches``:
+  ``reasonrl.train.micro.plan`` / ``arrange``): what ``reasonrl train`` does.
+
+The random-order variants replace the learner's ``micro_batches`` (the one place a mini-batch is cut
+for the updates) with a cut in the mini-batch's own order; the script stops if the learner no longer
+has it (it used to set a ``Learner.arrange`` that no longer existed: silently, every variant was arranged).
 
 Rounds alternate the variants so load from other jobs hits all alike; the first round is a warm-up
 (first-call allocations, AdamW state) and is left out; the median of the rest is reported, and each
-variant's ratio to the first, and its gradients (last round) against the first variant's.
+variant's ratio to the first, and its gradients (last round) against the first variant's, and the
+tokens its cut of one mini-batch order makes the shared-prompt forward run (``fwd tokens``: the
+random-order cut computes a prompt once per micro-batch it is in, and pads more).
 """
 
 from __future__ import annotations
@@ -75,6 +81,20 @@ def batch_groups(a: argparse.Namespace, tok: Any) -> list[list[Any]]:
     return groups
 
 
+def cut_tokens(learner: Any, st: Any) -> int:
+    """Tokens the shared-prompt forward runs (padding included) over ``learner``'s micro-batches of
+    one mini-batch order (the batch shuffled by a fixed seed): the cost its cut makes."""
+    import torch
+
+    from reasonrl.train.micro import minibatches, row_lengths
+
+    n = st.batch.input_ids.shape[0]
+    order = minibatches(n, epochs=1, size=n, gen=torch.Generator().manual_seed(0))[0]
+    group = st.group.tolist() if st.group is not None else list(range(n))
+    lens = row_lengths(st.batch.attention_mask, st.batch.valid, st.batch.prompt_len, group, "shared")
+    return sum(lens.cost(m) for m in learner.micro_batches(st, order))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--model", default="default")
@@ -99,6 +119,7 @@ def main() -> None:
     from reasonrl.models.loading import load_causal_lm
     from reasonrl.train.backend import TorchBackend
     from reasonrl.train.learner import Learner
+    from reasonrl.train.micro import by_rows
 
     model_dir = resolve_model(a.model)
     tok = load_tokenizer(model_dir)
@@ -123,8 +144,10 @@ def main() -> None:
         learner = Learner(spec=spec, policy=model, policy_backend=backend, critic_backend=None, ref_model=None, sampling=Sampling(),
                           pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, max_len=max(s.length for s in flat),
                           micro_batch_size=micro, mini_batch_size=n, ppo_epochs=1, dtype=dtype, seed=0, fuse_old_logp=v != "separate")
-        if v != "default":  # the micro-batches in the mini-batch's random order, as before issue 12
-            learner.arrange = lambda st, mini: mini  # type: ignore[method-assign]
+        if v != "default":  # the micro-batches cut in the mini-batch's random order, as before issue 12
+            if not callable(getattr(learner, "micro_batches", None)):
+                raise SystemExit("reasonrl.train.learner.Learner has no micro_batches (the cut of a mini-batch): update this bench's random-order variants")
+            learner.micro_batches = lambda st, rows, m=micro: by_rows(rows, m)  # type: ignore[method-assign]
         name = f"{v} micro {micro}" + (f" chunk {chunk >> 10} KiB" if a.chunk_bytes else "")
         runs[name] = {"learner": learner, "chunk": chunk, "prepare": [], "update": []}
 
@@ -143,16 +166,17 @@ def main() -> None:
                 r["prepare"].append(t1 - t0)
                 r["update"].append(t2 - t1)
             r["grads"] = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+            r["tokens"] = cut_tokens(learner, st)
             print(f"  round {rnd + 1} {name:32s} prepare {t1 - t0:6.2f} s  update {t2 - t1:6.2f} s  total {t2 - t0:6.2f} s"
                   + ("  (warm-up)" if not rnd else ""), flush=True)
     base = None
-    print(f"\n{'variant':32s} {'prepare s':>9s} {'update s':>9s} {'total s':>8s} {'x first':>8s} {'max rel grad diff':>18s}")
+    print(f"\n{'variant':32s} {'prepare s':>9s} {'update s':>9s} {'total s':>8s} {'x first':>8s} {'max rel grad diff':>18s} {'fwd tokens':>10s}")
     for name, r in runs.items():
         p, u = statistics.median(r["prepare"]), statistics.median(r["update"])
         tot = statistics.median([x + y for x, y in zip(r["prepare"], r["update"])])
         base = base or (tot, r["grads"])
         diff = max(float((r["grads"][k] - base[1][k]).abs().max() / (base[1][k].abs().max() + 1e-12)) for k in base[1])
-        print(f"{name:32s} {p:9.2f} {u:9.2f} {tot:8.2f} {base[0] / tot:7.2f}x {diff:18.1e}")
+        print(f"{name:32s} {p:9.2f} {u:9.2f} {tot:8.2f} {base[0] / tot:7.2f}x {diff:18.1e} {r['tokens']:10d}")
     if a.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -341,13 +341,15 @@ def clip_cov_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, m: Tensor, params
     (a mini-batch-wide selection would need a second forward, or pi_old instead of pi). The
     count is stochastically rounded so that its expectation, r * N, does not depend on the
     micro-batch size. The centring means and the candidates are the micro-batch's, and a
-    micro-batch is not a uniform sample of the mini-batch: the learner (``Learner.arrange``) cuts
-    the mini-batch either by prompt group (a group's responses together) or by response length
-    (longest first), whichever pads less. So Cov_t is measured against the few groups (whose
-    group-relative advantages then centre near 0) or the similar-length responses of its
-    micro-batch, and the tokens cut are drawn among that micro-batch's candidates, not the
-    mini-batch's (the two coincide only when a mini-batch is one micro-batch). KL-Cov's top-k is
-    per micro-batch alike. The selection acts from the first, on-policy update on.
+    micro-batch is not a uniform sample of the mini-batch: the learner (``Learner.micro_batches``:
+    ``reasonrl.train.micro.plan``) cuts the mini-batch in one of two orders, by prompt group (a
+    group's responses together) or by response length (longest first), whichever runs fewer tokens
+    (every ``--micro-batch-size`` rows, or to ``--max-tokens-per-micro-batch``). So Cov_t is
+    measured against the few groups (whose group-relative advantages then centre near 0) or the
+    similar-length responses of its micro-batch, and the tokens cut are drawn among that
+    micro-batch's candidates, not the mini-batch's (the two coincide only when a mini-batch is one
+    micro-batch). KL-Cov's top-k is per micro-batch alike. The selection acts from the first,
+    on-policy update on.
 
     Returns:
         :class:`PolicyLossOutput` as :func:`ppo_clip_loss`, plus metric ``cov_selected_frac``

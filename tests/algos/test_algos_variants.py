@@ -273,7 +273,7 @@ def test_cov_draws_without_a_generator_come_fresh_from_the_global_rng() -> None:
 
 def test_cov_selection_is_the_micro_batchs_and_the_doc_says_how_micro_batches_are_cut() -> None:
     # Cov is centred over the call's tokens: a micro-batch holding one prompt group (as
-    # Learner.arrange may cut a mini-batch) has other Clip-Cov candidates than the whole
+    # Learner.micro_batches may cut a mini-batch) has other Clip-Cov candidates than the whole
     # mini-batch has in the same rows (r = 1: no PPO clip; ratio 1: every candidate cut)
     logp = torch.tensor([[-0.5, -1.0, -3.0], [-2.0, -2.5, -4.0], [-6.0, -6.5, -7.0], [-5.0, -8.0, -9.0]], dtype=torch.float64)
     adv = torch.tensor([1.5, -0.5, 1.0, -2.0], dtype=torch.float64)  # groups: rows {0, 1}, {2, 3}
@@ -286,9 +286,13 @@ def test_cov_selection_is_the_micro_batchs_and_the_doc_says_how_micro_batches_ar
 
     assert {x for x in cut(slice(0, 4)) if x[0] < 2} == {(0, 2)}
     assert cut(slice(0, 2)) == {(0, 0), (0, 1), (1, 2)}
-    # the docstring describes the learner's arrangement, not uniform micro-batches
+    # the docstring describes the learner's arrangement, not uniform micro-batches, by a name the learner has
+    from reasonrl.train import micro
+    from reasonrl.train.learner import Learner
+
     doc = " ".join(POLICY_LOSSES["clip-cov"].__doc__.split())
-    assert "Learner.arrange" in doc and "(a uniform sample of the shuffled mini-batch)" not in doc
+    assert "Learner.micro_batches" in doc and "reasonrl.train.micro.plan" in doc and "(a uniform sample of the shuffled mini-batch)" not in doc
+    assert callable(Learner.micro_batches) and callable(micro.plan)
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_kl_cov_matches_reference(agg) -> None:

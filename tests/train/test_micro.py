@@ -144,3 +144,28 @@ def test_a_token_budget_gives_the_gradient_of_micro_batches_by_rows(tiny_model, 
         assert torch.allclose(st.old_logp[valid], ref_st.old_logp[valid], atol=1e-5)
         key = "critic/vf_loss" if critic else "actor/pg_loss"
         assert m[key] == pytest.approx(ref_m[key], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.timeout(600)
+def test_the_update_step_bench_cuts_its_random_order_variants_in_random_order(tiny_model, tmp_path):
+    """bench/update_step.py compares the learner's arranged micro-batches (``default``) with a cut in
+    the mini-batch's random order (``separate``, ``fused``: reasonrl before issue 12). It replaces the
+    learner's cut (``Learner.micro_batches``); it set a ``Learner.arrange`` that the learner no longer
+    had, so every variant silently ran the arranged cut. Its ``fwd tokens`` column shows the cut: the
+    random order computes a prompt in more micro-batches, so its forward runs more tokens."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "2"}
+    cmd = [sys.executable, str(root / "bench" / "update_step.py"), "--model", str(tiny_model), "--dtype", "fp32", "--prompts", "2",
+           "--group-size", "4", "--micro", "2", "--rounds", "2", "--variants", "default,fused", "--workdir", str(tmp_path)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    rows = {ln.split(" micro ")[0]: ln.split() for ln in p.stdout.splitlines() if ln.startswith(("default micro", "fused micro"))}
+    assert set(rows) == {"default", "fused"}, p.stdout
+    tokens = {k: int(v[-1]) for k, v in rows.items()}
+    assert tokens["fused"] > tokens["default"], p.stdout  # (the same batch and mini-batch order, cut two ways)
+    assert float(rows["fused"][-2]) < 1e-3, p.stdout  # and the same gradient (fp32), whatever the cut
