@@ -7,6 +7,7 @@ is incomplete (a crashed stage) and is not used as input.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -80,17 +81,26 @@ def temp_path(path: str | Path) -> Path:
     return p.with_name(p.name + TMP_SUFFIX)
 
 
+def open_new(path: str | Path, mode: str = "w") -> Any:
+    """``path`` opened for writing (``mode`` "w" text, "wb" bytes) as a new file, never through a link:
+    a leftover there (a file, or a link planted in its place) is removed first, not followed, and
+    ``O_EXCL`` creates the file (it fails, rather than follow, on a link that appears in between).
+    For a temporary file that is then renamed into place."""
+    p = Path(path)
+    p.unlink(missing_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    return open(fd, mode) if "b" in mode else open(fd, mode, encoding="utf-8")
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     """Write JSON atomically (temp file + rename), so a crash never leaves half a file. Never through a
-    link: the temporary file is made new (a leftover or a link in its place is removed first), and the
-    rename replaces a link at ``path``, not what it points to."""
+    link: the temporary file is made new (:func:`open_new`), and the rename replaces a link at
+    ``path``, not what it points to."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(p)
     try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # (O_EXCL: never follows a link)
-        with open(fd, "w", encoding="utf-8") as f:
+        with open_new(tmp) as f:
             f.write(json.dumps(obj, indent=2, default=str, sort_keys=False) + "\n")
         os.replace(tmp, p)
     except BaseException:
@@ -99,8 +109,16 @@ def write_json(path: str | Path, obj: Any) -> None:
 
 
 def append_jsonl(path: str | Path, rec: dict[str, Any]) -> None:
-    """Append one JSON line (``metrics.jsonl``: a step's record; non-JSON numbers as floats)."""
-    with open(path, "a", encoding="utf-8") as f:
+    """Append one JSON line (``metrics.jsonl``: a step's record; non-JSON numbers as floats). Never
+    through a link: a link at ``path`` (one planted there; a run's own log is a regular file) is an
+    OSError naming it, and nothing is written."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # (O_NOFOLLOW on a link)
+            raise OSError(e.errno, "it is a symbolic link, and reasonrl never writes through one: remove it", str(path)) from None
+        raise
+    with open(fd, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec, default=float) + "\n")
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from reasonrl.artifacts import open_new
 from reasonrl.engines.base import GenerationEngine, SamplingParams
 from reasonrl.progress import phase
 
@@ -217,7 +218,8 @@ def write_rollouts(path: str | Path, samples: Sequence[Sample], step: int | None
         recs.append(d)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(str(path) + ".tmp")
-    pq.write_table(pa.Table.from_pylist(recs), tmp)
+    with open_new(tmp, "wb") as f:  # (a link planted at the temporary path is removed, never written through)
+        pq.write_table(pa.Table.from_pylist(recs), f)
     tmp.replace(path)
 
 

@@ -354,3 +354,36 @@ def test_write_json_never_writes_through_a_link(tmp_path):
         assert v.read_text() == "precious\n"
         assert not (d / "results.json").is_symlink() and json.loads((d / "results.json").read_text()) == {"a": 1}
         assert sorted(q.name for q in d.iterdir()) == ["results.json"]
+
+
+def test_append_jsonl_and_the_parquet_writes_never_write_through_a_link(tmp_path):
+    """A link planted at metrics.jsonl (or validation.jsonl) had every step's line appended to the file it
+    points to, outside the run; one at a parquet's temporary path (prepare-data's splits, rollouts and
+    train --keep-rollouts) had pyarrow write the table through it."""
+    import pyarrow.parquet as pq
+
+    from reasonrl.artifacts import append_jsonl
+    from reasonrl.rollouts import Sample, write_rollouts
+
+    v = _precious(tmp_path)
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "metrics.jsonl").symlink_to(v)
+    with pytest.raises(OSError) as e:
+        append_jsonl(d / "metrics.jsonl", {"step": 1})
+    assert v.read_text() == "precious\n" and (d / "metrics.jsonl").is_symlink()
+    assert e.value.filename == str(d / "metrics.jsonl") and "symbolic link" in write_failure(e.value)
+    (d / "validation.jsonl").symlink_to(tmp_path / "made-outside.jsonl")  # a dangling link: the file would be made there
+    with pytest.raises(OSError):
+        append_jsonl(d / "validation.jsonl", {"step": 1})
+    assert not (tmp_path / "made-outside.jsonl").exists()
+    append_jsonl(d / "new.jsonl", {"step": 1})  # (a regular file: made, then appended to)
+    append_jsonl(d / "new.jsonl", {"step": 2})
+    assert [json.loads(ln)["step"] for ln in (d / "new.jsonl").read_text().splitlines()] == [1, 2]
+
+    (d / "rollouts.parquet.tmp").symlink_to(v)
+    sample = Sample(group=0, prompt_index=0, prompt="p", prompt_ids=[1], response="r", response_ids=[2], logprobs=[-1.0], finish_reason="stop",
+                    truncated=False, ground_truth="0", reward=1.0, correct=True)
+    write_rollouts(d / "rollouts.parquet", [sample])
+    assert v.read_text() == "precious\n" and not (d / "rollouts.parquet.tmp").exists()
+    assert pq.read_table(d / "rollouts.parquet").to_pylist()[0]["response"] == "r"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reasonrl.artifacts import write_json, write_manifest
+from reasonrl.artifacts import open_new, write_json, write_manifest
 from reasonrl.config import check, check_seed, opt, to_dict
 from reasonrl.data.decontaminate import EvalIndex, normalise_text
 from reasonrl.data.prepared import SPLITS, STAGE
@@ -190,7 +190,8 @@ def _write_parquet(path: Path, rows: list[dict[str, Any]]) -> None:
 
     table = pa.Table.from_pylist(rows, schema=_schema())
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
+    with open_new(tmp, "wb") as f:  # (a link planted at the temporary path is removed, never written through)
+        pq.write_table(table, f)
     os.replace(tmp, path)
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from reasonrl.artifacts import MANIFEST, write_json
+from reasonrl.artifacts import MANIFEST, open_new, write_json
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import RunDir, claim, write_failure
 from reasonrl.tracking.base import TRACKER_OUTPUTS
@@ -274,7 +274,8 @@ def _cut_back(out: Path, step: int) -> None:
             except (ValueError, KeyError, TypeError):
                 break  # a torn last line
         tmp = log.with_name(log.name + ".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+        with open_new(tmp) as f:  # (a link planted at the temporary path is removed, never written through)
+            f.write("".join(ln + "\n" for ln in keep))
         os.replace(tmp, log)
     for p in (out / "rollouts").glob("step_*.parquet") if (out / "rollouts").is_dir() else []:
         m = re.match(r"step_(\d+)\.parquet$", p.name)

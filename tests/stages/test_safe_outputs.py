@@ -178,6 +178,21 @@ def test_resuming_a_finished_run_keeps_its_summary(finished_train, tiny_model, p
     assert json.loads((t / "summary.json").read_text()) == before
 
 
+def test_a_resume_never_writes_through_a_link_at_a_logs_temporary_path(finished_train, tiny_model, prepared, tmp_path):
+    """`ln -s $PWD/v.txt d/metrics.jsonl.tmp; reasonrl train … --out d --resume`: the resume's cut back to
+    the checkpoint wrote the kept lines into v.txt, renamed the link to metrics.jsonl, and every later
+    step's line went to v.txt too."""
+    d, v = tmp_path / "d", tmp_path / "v.txt"
+    crashed_copy(finished_train, d, step=1, steps=2)
+    v.write_text("precious\n")
+    (d / "metrics.jsonl.tmp").symlink_to(v)
+    r = run_cli("train", "--model", tiny_model, "--data", prepared, "--out", d, "--steps", "2", "--save-every", "1", *SMALL, "--resume")
+    assert r.exit_code == 0, r.output
+    assert v.read_text() == "precious\n"
+    assert not (d / "metrics.jsonl").is_symlink() and not (d / "metrics.jsonl.tmp").exists()
+    assert [json.loads(ln)["step"] for ln in (d / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
 def test_resume_without_the_runs_config_is_refused(finished_train, tiny_model, prepared, tmp_path):
     """With config.json missing, the --resume guard fell open (a grpo checkpoint resumed as dapo)."""
     t = tmp_path / "T"
