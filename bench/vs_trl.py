@@ -3,6 +3,7 @@
     pip install -e ".[bench]"                                  # TRL 1.16.0, for this script only
     .venv/bin/python bench/vs_trl.py                           # the fewshot and math regimes, TRL + reasonrl (vllm, hf), 2 rounds x 3 steps
     .venv/bin/python bench/vs_trl.py --regimes long --frameworks trl,vllm --dtype bf16 --results bench/results   # + bench/results/long.json
+    .venv/bin/python bench/vs_trl.py --regimes fewshot --frameworks trl,vllm --dtype bf16 --compete 1 --results bench/results/cpu_share   # a shared machine
     .venv/bin/python bench/vs_trl.py --table bench/results                 # their table, as docs/performance.md shows it
     .venv/bin/python bench/vs_trl.py --model /tmp/tiny --prompts 2 --group-size 2 --max-response-len 8 --rounds 1 --steps 2   # smoke
 
@@ -19,7 +20,9 @@ reruns everything. So a bench longer than a session is run again until it ends.
 
 Every run is a fresh process (the real `reasonrl` CLI; this script's TRL worker mode): neither
 framework inherits the other's threads, allocator or vLLM's thread binding, and reasonrl is timed as
-a user runs it. Rounds alternate the frameworks (the order rotates each round) so load from other
+a user runs it. ``--compete N`` runs N CPU-bound busy loops, each pinned to one core (0, 1, ...), for the
+whole of every run (started before it, killed after): the machine shared with other jobs, the same
+for both frameworks. Rounds alternate the frameworks (the order rotates each round) so load from other
 jobs hits all alike. Start-up (imports, model load, engine build) is outside the step timers
 (reasonrl's ``perf/step_s``; a TRL callback from ``on_step_begin`` to ``on_step_end``, optimizer
 step included), and the first ``--warmup`` steps of every run are discarded.
@@ -28,7 +31,10 @@ step included), and the first ``--warmup`` steps of every run are discarded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import subprocess
 import statistics
 import sys
 import time
@@ -150,7 +156,7 @@ DONE = "bench_done.json"
 def run_key(a: argparse.Namespace, regime: H.Regime, fw: str, model: str) -> dict[str, Any]:
     """Everything a run's timings depend on: its settings and the machine (``harness.cpu_key``)."""
     settings = {k: getattr(a, k) for k in ("steps", "prompts", "group_size", "max_response_len", "max_prompt_len", "micro_batch_size",
-                                           "temperature", "lr", "weight_decay", "grad_clip", "dtype", "seed", "compiled")}
+                                           "temperature", "lr", "weight_decay", "grad_clip", "dtype", "seed", "compiled", "compete")}
     return {"regime": regime.name, "framework": fw, "model": model, **settings, **H.cpu_key()}
 
 
@@ -162,6 +168,21 @@ def kept(out: Path, key: dict[str, Any]) -> list[dict[str, float]] | None:
     except (OSError, ValueError):
         return None
     return doc["steps"] if doc.get("key") == key and (out / "metrics.jsonl").is_file() == (key["framework"] != "trl") else None
+
+
+@contextlib.contextmanager
+def competing(n: int):
+    """``n`` CPU-bound processes (a Python busy loop), the k-th pinned to core k, for the block."""
+    cores = sorted(os.sched_getaffinity(0))
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=lambda c=c: os.sched_setaffinity(0, {c}))
+             for c in cores[:n]]
+    try:
+        time.sleep(0.5 if procs else 0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 FRAMEWORKS = {"trl": "TRL GRPOTrainer (HF generate)", "vllm": "reasonrl --engine vllm", "hf": "reasonrl --engine hf"}
@@ -206,13 +227,14 @@ def write_results(out: Path, regime: H.Regime, a: argparse.Namespace, row: dict[
            "ratio": trl["s_median"] / rr["s_median"] if trl else None,
            "step_bound_frac": ph.get("step", {}).get("share"), "generate_bound_frac": ph.get("generate", {}).get("share"),
            "update_bound_frac": ph.get("update_actor", {}).get("share"), "cpu": shares["cpu"], "cpu_flags": H.cpu_key()["flags"], "dtype": a.dtype,
-           "engine_compiled": a.compiled,
+           "engine_compiled": a.compiled, "compete": a.compete,
            "date": datetime.date.today().isoformat(), "prompts": a.prompts or regime.prompts, "group_size": a.group_size or regime.group_size,
            "max_response_len": a.max_response_len or regime.max_response_len, "micro_batch_size": a.micro_batch_size, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
            "lengths": rr.get("lengths"), "frameworks": row, "phases": ph}
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{regime.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {out / f'{regime.name}.json'}")
+    name = regime.name + (f"-compete{a.compete}" if a.compete else "")
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out / f'{name}.json'}")
 
 
 #: The regimes in the table's order (``--table``): the main job's, decode-heavy, long responses.
@@ -223,7 +245,7 @@ def results_table(folder: Path) -> str:
     """The markdown table of every ``<regime>.json`` in ``folder`` (``--results``' output), as
     docs/performance.md shows it (tests/test_docs.py checks that it does)."""
     docs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
-    docs.sort(key=lambda d: (TABLE_ORDER.index(d["regime"]) if d["regime"] in TABLE_ORDER else len(TABLE_ORDER), d["regime"]))
+    docs.sort(key=lambda d: (TABLE_ORDER.index(d["regime"]) if d["regime"] in TABLE_ORDER else len(TABLE_ORDER), d["regime"], d.get("compete", 0)))
 
     def pct(x: float | None) -> str:
         return "–" if x is None else f"{x:.0%}"
@@ -241,7 +263,8 @@ def results_table(folder: Path) -> str:
         trl = "–" if d["trl_s_per_step"] is None else f"{d['trl_s_per_step']:.1f}"
         ratio = "–" if d["ratio"] is None else f"**{d['ratio']:.2f}×**"
         runs = f"{d['micro_batch_size']}; {d['rounds']} × {d['steps'] - d['warmup']}"
-        out.append(f"| {d['regime']} | {lens} | {runs} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
+        busy = f" + {d['compete']} busy core{'s' * (d['compete'] > 1)}" if d.get("compete") else ""
+        out.append(f"| {d['regime']}{busy} | {lens} | {runs} | {trl} | **{d['reasonrl_s_per_step']:.1f}** | {ratio} | {pct(d['step_bound_frac'])} / "
                    f"{pct(d['generate_bound_frac'])} / {pct(d['update_bound_frac'])} | {machine(d)}, {d['dtype']}{', vLLM compiled' if d.get('engine_compiled') else ''}, {d['date']} |")
     return "\n".join(out)
 
@@ -268,6 +291,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compiled", action="store_true", help="reasonrl's vLLM engine compiled (--no-enforce-eager), as `reasonrl train` compiles it on CPU for a run "
                     "of >= 10,000 decode steps; the bench's few steps would otherwise run it eagerly. Compiling (about a minute) is outside s/step")
+    ap.add_argument("--compete", type=int, default=0, metavar="N", help="N CPU-bound busy loops pinned to cores 0..N-1 during every run (a shared machine)")
     ap.add_argument("--workdir", default="/tmp/reasonrl-bench", help="prepared data, logs, and run directories (metrics.jsonl + config.json; checkpoints deleted)")
     ap.add_argument("--json", default=None, help="also write every step record and the summaries here")
     ap.add_argument("--fresh", action="store_true", help="rerun every run, even those an earlier invocation finished (see above)")
@@ -305,7 +329,8 @@ def main() -> None:
                 if steps is None:
                     (out / DONE).unlink(missing_ok=True)
                     t0 = time.perf_counter()
-                    steps = run_trl(a, r, data[r.name], model, out, log) if fw == "trl" else run_reasonrl(a, fw, r, data[r.name], model, out, log)
+                    with competing(a.compete):
+                        steps = run_trl(a, r, data[r.name], model, out, log) if fw == "trl" else run_reasonrl(a, fw, r, data[r.name], model, out, log)
                     took = f"process {time.perf_counter() - t0:.0f}s"
                     (out / DONE).write_text(json.dumps({"key": key, "steps": steps, "process_s": time.perf_counter() - t0}))
                 timed = steps[a.warmup:]

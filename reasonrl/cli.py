@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from reasonrl import console
+from reasonrl import console, cpu_share
 from reasonrl.config import base_type, build_config, field_panel, load_recipe, parse_sets, recipe_layer, renamed_fields, sections
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import write_failure
@@ -201,6 +201,13 @@ def main() -> None:
     # vLLM's CPU backend lowers torch to 1 thread unless OMP_NUM_THREADS is set; the trainer shares
     # the process, so give it every core we may use (torchrun sets its own value per rank).
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    # How the OpenMP threads wait (spin, or yield the core when other processes are busy): read by
+    # libgomp when torch loads, so chosen here (reasonrl.cpu_share; $REASONRL_CPU_WAIT).
+    try:
+        cpu_share.choose_wait()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     # The libraries' logs and bars stay off unless --verbose (reasonrl.console); decided here, before
     # any of them is imported, since several read their switches at import time.
     if not console.wants_verbose(sys.argv[1:]):

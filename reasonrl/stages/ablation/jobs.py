@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reasonrl import cpu_share
 from reasonrl.artifacts import MANIFEST
 from reasonrl.stages.ablation.plan import CRITICS, Plan, critic_dir, run_dir, run_sets, train_options
 
@@ -132,6 +133,12 @@ def die_with_driver() -> Any:
     return preexec
 
 
+def child_env(n: int, environ: Any) -> dict[str, str]:
+    """The runs' environment: ``n`` > 1 runs side by side share the cores, so their OpenMP threads
+    yield (``reasonrl.cpu_share``) unless the user chose a wait (``$REASONRL_CPU_WAIT``)."""
+    return {**environ, **({cpu_share.ENV: "yield"} if n > 1 and cpu_share.ENV not in environ else {})}
+
+
 def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
     """Run the pending jobs, ``n`` at once, each after the job it needs; a failure is recorded and
     the others go on (a job whose critic failed is blocked). A SIGTERM or SIGINT to the driver is
@@ -142,6 +149,7 @@ def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
     total = len(pending)
     started = 0
     tie = die_with_driver()
+    env = child_env(n, os.environ)
     try:
         while pending or running:
             for j in list(pending):
@@ -160,7 +168,7 @@ def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
                     f.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {j.line()}\n")
                 fh = open(j.log, "a", encoding="utf-8")
                 try:
-                    j.proc = subprocess.Popen(j.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=tie)
+                    j.proc = subprocess.Popen(j.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=tie, env=env)
                 finally:
                     fh.close()  # (the child holds its own copy)
                 j.status, j.seconds = "running", time.monotonic()
