@@ -15,7 +15,7 @@ from clihelp import assert_same_run, assert_user_error, crashed_copy, run_cli
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["--engine", "hf", "--dtype", "fp32", "--group-size", "4", "--max-response-len", "8", "--seed", "0", "--prompts-per-step", "2",
+SMALL = ["--algo", "grpo", "--engine", "hf", "--dtype", "fp32", "--group-size", "4", "--max-response-len", "8", "--seed", "0", "--prompts-per-step", "2",
          "--mini-batch-size", "8", "--micro-batch-size", "4", "--overlong-cache-len", "2", "--lr", "1e-3"]
 
 
