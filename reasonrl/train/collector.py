@@ -286,7 +286,9 @@ class AheadRounds(WholeRounds):
     sync that follows step t's update), so it generates while step t trains. Step t's first round is
     then its batch taken back (:meth:`draw`, :meth:`round`: waiting for it if it is still
     generating), scored, its tokens carrying the version of the policy that sampled them
-    (``Pending.weights_version``: the policy of the step that submitted it, so staleness <= K; the
+    (the policy of the step that submitted it, so staleness <= K: the engine's queue puts the
+    request before that step's weight sync; a step that skipped its update leaves the weights as
+    they were, which is then the next step's policy, so versions count updates, not syncs; the
     default stale correction applies, as to partial rollouts). Dynamic sampling's further rounds, if
     any, generate at the step with the current weights. A step with no batch ahead (the first of a
     run) submits its own first round with the current weights. One process (``train`` refuses
@@ -307,7 +309,7 @@ class AheadRounds(WholeRounds):
     def draw(self, stream: DataStream, k: int, *, step: int, rnd: int) -> tuple[list[Any], list[int], int]:
         if rnd:
             return super().draw(stream, k, step=step, rnd=rnd)
-        b = self.batches.get(step) or self._submit(k, step)
+        b = self.batches.get(step) or self._submit(k, step, version=step)
         if len(b.row_ids) != k:
             raise ValueError(f"step {step}'s batch ahead holds {len(b.row_ids)} prompts; its first round draws {k}")
         return [stream.rows[i] for i in b.row_ids], list(b.row_ids), b.start
@@ -315,15 +317,17 @@ class AheadRounds(WholeRounds):
     def finish(self, first: int, step: int) -> None:
         for s in range(step + 1, step + self.ahead + 1):
             if s not in self.batches:
-                self._submit(first, s)
+                self._submit(first, s, version=step)
 
-    def _submit(self, k: int, step: int) -> AheadBatch:
+    def _submit(self, k: int, step: int, *, version: int) -> AheadBatch:
+        """Draw step ``step``'s first round and submit it, sampled by the policy of step ``version``
+        (the engine's weights when the request runs)."""
         start = self.stream.drawn
         rows, row_ids = self.stream.take(k)
         fits = [(p, ids) for p, row in enumerate(rows) if (ids := fit_prompt(row, self.tok, self.max_prompt_len)[1]) is not None]
         params = dataclasses.replace(self.sampling, seeds=tuple(mix(self.seed, step, 0, start + p) for p, _ in fits))
         pending = self.engine.submit([ids for _, ids in fits], params)
-        b = self.batches[step] = AheadBatch(step, start, list(row_ids), int(pending.weights_version), pending=pending)
+        b = self.batches[step] = AheadBatch(step, start, list(row_ids), version, pending=pending)
         return b
 
     def _wait(self, b: AheadBatch) -> list[list[tuple[list[int], list[float], str]]]:
