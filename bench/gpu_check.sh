@@ -17,6 +17,9 @@
 #   lora     train --lora-rank 8 --engine vllm --engine-sleep (one process, the torch backend): the merged weights
 #            synced every step, policy/ merged + policy/adapter/, eval --model policy/adapter; then
 #            bench/lora_sync.py on GPU: merged sync vs vLLM's own LoRARequest (ms per sync, decode tok/s, fp32 gap)
+#   async    train --algo dapo --async-steps 1 (vLLM, else transformers, in its own process beside the
+#            trainer on the same GPU; with 2+ GPUs on GPU 1, --engine-gpus 1): 3 steps, then
+#            --resume from step 2's checkpoint (its batch in flight) gives the same metrics; staleness <= 1
 #   tp2      (2+ GPUs) the same on 2 ranks with --engine-tp 2 (one engine split over both GPUs)
 #   server   (2+ GPUs) a `vllm serve` on GPU 1 started as vLLM documents for RL, train on GPU 0
 #            with --engine http://...: the weights go to the server over NCCL each step (its
@@ -209,6 +212,24 @@ if [ $HAVE_VLLM = 1 ]; then
 else
   row lora SKIP "$NO_VLLM"
 fi
+
+# One step off: the engine in its own process generates step t+1 while step t trains; a resume from
+# step 2's checkpoint (its batch in flight saved with it) must log the same step 3.
+ASYNC_ENGINE="--engine hf"; [ $HAVE_VLLM = 1 ] && ASYNC_ENGINE="$VLLM"
+ASYNC_GPUS=""; [ "$NGPU" -ge 2 ] && ASYNC_GPUS="--engine-gpus 1"
+check async bash -c "A=\"train $SMALL $ASYNC_ENGINE $ASYNC_GPUS --algo dapo --async-steps 1 --out $W/async --steps 3 --prompts-per-step 4 \
+    --max-gen-rounds 2 --mini-batch-size 16 --micro-batch-size 8 --overlong-cache-len 8 --lr 1e-5 --save-every 1\" \
+  && \"\$PY\" -m reasonrl.cli \$A && metrics_ok $W/async 3 perf/weight_sync_s && cp $W/async/metrics.jsonl $W/async-full.jsonl \
+  && rm -rf $W/async/checkpoints/step_3 $W/async/policy $W/async/manifest.json $W/async/summary.json && echo step_2 > $W/async/checkpoints/latest \
+  && \"\$PY\" -m reasonrl.cli \$A --resume && \"\$PY\" - $W/async-full.jsonl $W/async/metrics.jsonl <<'EOF'
+import json, sys
+full, resumed = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:])
+assert [r['rollout/staleness_max'] for r in full] == [0, 1, 1], [r.get('rollout/staleness_max') for r in full]
+drop = lambda r: {k: v for k, v in r.items() if not k.startswith('perf/')}
+same = [drop(a) == drop(b) for a, b in zip(full, resumed)]
+print('CHECK', f'staleness_max {[r[\"rollout/staleness_max\"] for r in full]}; resumed from step 2: metrics equal {same}; '
+      f'waited for the batch ahead {[round(r.get(\"perf/ahead_wait_s\", 0), 2) for r in full]} s')
+EOF"
 
 if [ "$NGPU" -ge 2 ] && [ $HAVE_VLLM = 1 ] && [ $HAVE_DS = 1 ]; then
   check tp2 bash -c "torchrun 2 -m reasonrl.cli train $SMALL $VLLM --engine-tp 2 --backend deepspeed --zero 3 --algo grpo --out $W/tp2 \

@@ -107,11 +107,15 @@ class EngineProcess:
     ``threads``: torch threads in the child (None: torch's default); ``cpus``: the cores the child
     may run on (None: the parent's). ``start_timeout_s`` bounds the engine's construction;
     ``close_grace_s`` how long ``close`` waits for the child to close its engine before SIGKILL.
+    ``version``: the version of the weights it is built with (``Pending.weights_version`` of the
+    requests before any update; default None). ``env``: variables set in the child's environment
+    (e.g. ``CUDA_VISIBLE_DEVICES``: the engine on GPUs of its own).
     """
 
     def __init__(self, opts: EngineOptions, model_dir: str | Path, *, seed: int, max_model_len: int = 4096,
                  decode_steps: int | None = None, threads: int | None = None, cpus: Sequence[int] | None = None,
-                 start_timeout_s: float = 900.0, close_grace_s: float = 30.0) -> None:
+                 start_timeout_s: float = 900.0, close_grace_s: float = 30.0, version: Any = None,
+                 env: Mapping[str, str] | None = None) -> None:
         if threads is not None and threads < 1:
             raise ReasonRLError(f"EngineProcess: threads must be >= 1, got {threads}")
         self.close_grace_s = close_grace_s
@@ -122,7 +126,7 @@ class EngineProcess:
         self._closed = False
         self._lock = threading.Lock()  # (one sender at a time)
         self._next_id = 0
-        self._version: Any = None
+        self._version: Any = version
         self._waiting: dict[int, queue.Queue[tuple[Any, ...]]] = {}
         self._weight_fds: dict[int, int] = {}  # update sequence number → the parent's descriptor of its file
         self._weight_paths: dict[int, str] = {}  # (no memfd: a temporary file, removed by the child)
@@ -135,7 +139,7 @@ class EngineProcess:
                 "decode_steps": decode_steps, "threads": threads, "cpus": list(cpus) if cpus is not None else None}
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         root = str(Path(__file__).resolve().parents[2])  # (the child imports this copy of reasonrl)
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         if threads is not None:  # (read by OpenMP when torch loads, before the child's set_num_threads)
@@ -214,7 +218,8 @@ class EngineProcess:
 
     def update_weights(self, state_dict: Mapping[str, Any], version: Any = None) -> None:
         """Queue new weights (applied after every request submitted so far, before every later
-        one); ``version`` labels them (default: a count of updates). The tensors are written to
+        one); ``version`` labels them (default: the previous version + 1 when that is an int, else
+        a count of updates). The tensors are written to
         shared memory now (``last_update_seconds``); the caller may change its own tensors after."""
         self._check_open()
         t0 = time.perf_counter()
@@ -226,7 +231,9 @@ class EngineProcess:
                 self._weight_fds[seq] = source[2]
             else:
                 self._weight_paths[seq] = source[1]
-            self._version = seq if version is None else version
+            if version is None:
+                version = self._version + 1 if isinstance(self._version, int) and not isinstance(self._version, bool) else seq
+            self._version = version
             self._send(("weights", seq, self._version, source, manifest, bool(getattr(state_dict, "partial", False))))
         self.last_update_seconds = time.perf_counter() - t0
 

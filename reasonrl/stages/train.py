@@ -66,6 +66,10 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, Sche
     unrated: str = opt("keep", "With --filter-rollouts: 'keep' or 'drop' the training prompts the rollouts do not cover.")
     skip_solved_epochs: int = opt(0, "Drop a prompt for the rest of the run once every sample of it was correct in this many visits in a row (0 = never); kept in checkpoints.")
     partial_rollout_len: int = opt(0, "Partial rollouts (Kimi k1.5 §2.6.2, slime): generate S tokens per response and round, and carry a response still going when the batch is full into the next step (sampled on by the policies of the steps that follow, over L_max/S steps or more; its per-token sampling log-probs and policy versions are kept: stale tokens are corrected by default, --stale-correction, --max-staleness), so no step waits for its longest response. Must divide max_response_len; 0 = off (each response whole within its step). See docs/performance.md.")
+    async_steps: int = opt(0, "One-step-off asynchronous training: the engine runs in its own process and generates the first round of step t+K while step t trains (its tokens sampled by a policy up to K versions old: corrected by default as stale tokens, --stale-correction); the batches in flight are part of every checkpoint, so --resume gives the same run. 0 = the synchronous loop. One process only (not with torchrun), not with --partial-rollout-len, --engine-tp > 1 or --engine-sleep. See docs/performance.md.")
+    engine_threads: int | None = opt(None, "With --async-steps: torch threads of the engine's process (default: torch's).")
+    engine_cpus: str = opt("", "With --async-steps: the cores the engine's process runs on, e.g. '1' or '0-3,8' (default: the trainer's); pin the trainer to the others with taskset.")
+    engine_gpus: str = opt("", "With --async-steps: the GPUs the engine's process sees (its CUDA_VISIBLE_DEVICES, e.g. '1'; default: the trainer's, shared), so that generation and training run on GPUs of their own.")
     keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
     resume: bool = opt(False, "Continue from the latest checkpoint in out/.")
     overwrite: bool = opt(False, "Replace a finished run in out/.")
@@ -111,9 +115,39 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, Sche
         check(self.partial_rollout_len == 0 or self.max_response_len % self.partial_rollout_len == 0,
               f"partial_rollout_len must divide max_response_len ({self.max_response_len}), e.g. {_divisor_near(self.max_response_len, self.max_response_len // 8)} (0 = off)")
         segments = self.max_response_len // self.partial_rollout_len if self.partial_rollout_len else 0
+        self._check_async()
         check(self.max_gen_rounds >= segments, f"with --partial-rollout-len {self.partial_rollout_len} a round is one segment, and a response of "
               f"max_response_len ({self.max_response_len}) takes {segments}: raise --max-gen-rounds to {segments} or more (it is {self.max_gen_rounds}), "
               "or lengthen the segment, or the first step could finish no group whose longest response runs to the cap")
+
+    def _check_async(self) -> None:
+        check(self.async_steps >= 0, f"async_steps must be >= 0 (0 = synchronous), got {self.async_steps}")
+        if not self.async_steps:
+            check(self.engine_threads is None and not self.engine_cpus and not self.engine_gpus,
+                  "--engine-threads, --engine-cpus and --engine-gpus set the engine's own process: add --async-steps 1")
+            return
+        check(self.engine_threads is None or self.engine_threads >= 1, f"engine_threads must be >= 1, got {self.engine_threads}")
+        self.engine_cpu_list()
+        check(not self.partial_rollout_len, "--async-steps with --partial-rollout-len is not supported: use --async-steps 0 with --partial-rollout-len, or drop it")
+        check(self.engine_tp == 1, "--async-steps with --engine-tp > 1 is not supported: use --async-steps 0 with --engine-tp")
+        bound = self.algo_spec().max_staleness
+        check(bound is None or bound >= self.async_steps, f"--async-steps {self.async_steps} trains tokens {self.async_steps} versions old, "
+              f"above --max-staleness {bound}: raise --max-staleness or lower --async-steps")
+        check(not self.engine_sleep, "--engine-sleep frees the engine's memory while the trainer works, which --async-steps overlaps: use --async-steps 0 with --engine-sleep")
+
+    def engine_cpu_list(self) -> list[int] | None:
+        """--engine-cpus as a list of core numbers (None: not set)."""
+        if not self.engine_cpus:
+            return None
+        cpus: list[int] = []
+        try:
+            for part in self.engine_cpus.split(","):
+                lo, _, hi = part.strip().partition("-")
+                cpus += list(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            cpus = []
+        check(bool(cpus) and min(cpus) >= 0, f"engine_cpus must list cores such as '1' or '0-3,8', got '{self.engine_cpus}'")
+        return cpus
 
     def algo_spec(self) -> A.AlgoSpec:
         """The --algo row with this run's overrides applied."""
@@ -319,6 +353,8 @@ def check_inputs(cfg: TrainConfig, console: Any, progress: TrainProgress) -> Tra
         console.print(f"[yellow]note: --algo {cfg.algo} uses no critic; --critic is ignored[/]")
     policy.check()
     rank, world = start_ranks(cfg)
+    if cfg.async_steps and world > 1:
+        raise ReasonRLError(f"--async-steps runs one training process, this job has {world}: use --async-steps 0 with torchrun")
     tok = load_tokenizer(policy.base_dir)
     rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
     rated = None

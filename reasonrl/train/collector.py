@@ -22,7 +22,11 @@ over the pool of :mod:`reasonrl.train.partial`): each round is one segment of S 
 round's new prompts and every response still going; a group joins the batch once its G responses
 have finished, the finished groups beyond the batch wait in the pool for the next step (taken
 first), and what is still going is continued then. The pool is the same on every rank and part of
-:meth:`Collector.state`.
+:meth:`Collector.state`. One step off (``train --async-steps K``, :class:`AheadRounds`): the first
+round of step t+K is drawn and submitted to the engine's own process (``reasonrl.engines.process``)
+at the end of step t's collection, so it generates while step t trains; its tokens carry the
+version of the policy that sampled them (staleness <= K), and the batches in flight are part of
+every checkpoint (:meth:`AheadRounds.save`).
 
 Every random stream is derived, not carried: prompt ``p`` of round ``r`` of step ``s`` samples with
 seed ``mix(seed, s, r, draw index)`` (the engine's per-request seeds), so a resumed run draws the
@@ -35,7 +39,9 @@ import dataclasses
 import enum
 import math
 import random
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -195,6 +201,23 @@ class RoundSource:
         """The most rounds a collection runs (``max_rounds``: --max-gen-rounds)."""
         return max_rounds
 
+    def draw(self, stream: DataStream, k: int, *, step: int, rnd: int) -> tuple[list[Any], list[int], int]:
+        """Round ``rnd`` of step ``step``'s ``k`` prompts: (rows, their stream rows, the first one's
+        draw index), taken from ``stream`` now."""
+        start = stream.drawn
+        rows, row_ids = stream.take(k)
+        return rows, row_ids, start
+
+    def finish(self, first: int, step: int) -> None:
+        """Step ``step``'s collection is over (``first``: how many prompts a step's first round draws)."""
+
+    def snapshot(self) -> Any:
+        """What :meth:`restore` puts back of the source's in-memory state (a step dropped before its update)."""
+        return None
+
+    def restore(self, snap: Any) -> None:
+        """(See :meth:`snapshot`.)"""
+
     def begin(self, n_prompts: int, step: int) -> list[tuple[int, list[Sample]]]:
         """Up to ``n_prompts`` finished groups waiting from earlier steps, ``(born, group)`` in batch order."""
         return []
@@ -236,6 +259,153 @@ class WholeRounds(RoundSource):
                                        max_prompt_len=self.max_prompt_len, group_ids=draws)
         stats.merge(st)
         return groups, {start + p: (rid, step) for p, rid in enumerate(row_ids)}
+
+
+@dataclass
+class AheadBatch:
+    """The first round of step ``step``, submitted ahead: prompts drawn from ``start`` (stream rows
+    ``row_ids``), sampled by the policy of version ``version``. In flight: ``pending``; back:
+    ``outs`` (per prompt that fit, its completions as (token ids, log-probs, finish reason))."""
+
+    step: int
+    start: int
+    row_ids: list[int]
+    version: int
+    pending: Any = None
+    outs: list[list[tuple[list[int], list[float], str]]] | None = None
+    wait_s: float = 0.0  # how long the trainer waited for it
+    gen_s: float = 0.0  # the engine's time generating it
+
+
+class AheadRounds(WholeRounds):
+    """Whole responses, the first round of each step generated ahead (``train --async-steps K``).
+
+    At the end of step t's collection (:meth:`finish`), the first round of each of the steps t+1 …
+    t+K not yet submitted is drawn from the stream and submitted to the engine, an
+    ``reasonrl.engines.process.EngineProcess`` (its ordered queue: the request runs before the weight
+    sync that follows step t's update), so it generates while step t trains. Step t's first round is
+    then its batch taken back (:meth:`draw`, :meth:`round`: waiting for it if it is still
+    generating), scored, its tokens carrying the version of the policy that sampled them
+    (the policy of the step that submitted it, so staleness <= K: the engine's queue puts the
+    request before that step's weight sync; a step that skipped its update leaves the weights as
+    they were, which is then the next step's policy, so versions count updates, not syncs; the
+    default stale correction applies, as to partial rollouts). Dynamic sampling's further rounds, if
+    any, generate at the step with the current weights. A step with no batch ahead (the first of a
+    run) submits its own first round with the current weights. One process (``train`` refuses
+    --async-steps under torchrun).
+
+    Prompts and seeds are a step's own (seed ``mix(seed, step, 0, draw index)`` per prompt, as
+    without K), so what a batch holds depends only on its draws and the weights that sample it: the
+    batches in flight are saved with every checkpoint (:meth:`save`, waiting for them) and a resumed
+    run takes them back (:meth:`load`) and submits the next with its resumed weights: the same run."""
+
+    def __init__(self, ahead: int, *, stream: DataStream, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.ahead, self.stream = ahead, stream
+        self.batches: dict[int, AheadBatch] = {}  # step → its first round, submitted ahead (in step order)
+        self.waited: float | None = None  # seconds this step's collection waited for its batch (None: it had none ahead)
+        self.lag: int | None = None  # how many versions that batch's policy lags the step's
+
+    def draw(self, stream: DataStream, k: int, *, step: int, rnd: int) -> tuple[list[Any], list[int], int]:
+        if rnd:
+            return super().draw(stream, k, step=step, rnd=rnd)
+        b = self.batches.get(step) or self._submit(k, step, version=step)
+        if len(b.row_ids) != k:
+            raise ValueError(f"step {step}'s batch ahead holds {len(b.row_ids)} prompts; its first round draws {k}")
+        return [stream.rows[i] for i in b.row_ids], list(b.row_ids), b.start
+
+    def finish(self, first: int, step: int) -> None:
+        for s in range(step + 1, step + self.ahead + 1):
+            if s not in self.batches:
+                self._submit(first, s, version=step)
+
+    def _submit(self, k: int, step: int, *, version: int) -> AheadBatch:
+        """Draw step ``step``'s first round and submit it, sampled by the policy of step ``version``
+        (the engine's weights when the request runs)."""
+        start = self.stream.drawn
+        rows, row_ids = self.stream.take(k)
+        fits = [(p, ids) for p, row in enumerate(rows) if (ids := fit_prompt(row, self.tok, self.max_prompt_len)[1]) is not None]
+        params = dataclasses.replace(self.sampling, seeds=tuple(mix(self.seed, step, 0, start + p) for p, _ in fits))
+        pending = self.engine.submit([ids for _, ids in fits], params)
+        b = self.batches[step] = AheadBatch(step, start, list(row_ids), version, pending=pending)
+        return b
+
+    def _wait(self, b: AheadBatch) -> list[list[tuple[list[int], list[float], str]]]:
+        """``b``'s completions, waiting for them if they are still generating (taken once, kept in ``b``)."""
+        if b.outs is None:
+            t0 = time.perf_counter()
+            comps = self.engine.result(b.pending)
+            b.outs = [[(list(c.token_ids), list(c.logprobs), c.finish_reason) for c in cs] for cs in comps]
+            b.wait_s, b.gen_s, b.pending = time.perf_counter() - t0, float(getattr(self.engine, "last_generate_seconds", 0.0)), None
+        return b.outs
+
+    def round(self, rows: list[Any], row_ids: list[int], start: int, *, step: int, rnd: int,
+              stats: RolloutStats) -> tuple[list[list[Sample]], dict[int, tuple[int, int]]]:
+        if rnd:
+            return super().round(rows, row_ids, start, step=step, rnd=rnd, stats=stats)
+        b = self.batches.pop(step)
+        outs = iter(self._wait(b))
+        self.waited, self.lag = b.wait_s, step - b.version
+        stats.gen_seconds += b.gen_s  # (the engine's own time: perf/generate_s, perf/gen_tokens_per_s; the trainer's wait is perf/ahead_wait_s)
+        groups, scored = [], []
+        for p, row in enumerate(rows):  # (as generate_rollouts: a prompt too long is skipped and counted)
+            text, ids = fit_prompt(row, self.tok, self.max_prompt_len)
+            if ids is None:
+                stats.skipped_long_prompts += 1
+                continue
+            groups.append([new_sample(self.tok, row, group=start + p, prompt_index=len(groups), prompt=text, prompt_ids=ids, response_ids=t,
+                                      logprobs=lp, finish_reason=fin, versions=[b.version] * len(t)) for t, lp, fin in next(outs)])
+            scored.append(row)
+        stats.prompts += len(groups)
+        stats.gen_tokens += sum(smp.length for g in groups for smp in g)
+        score_groups(self.scorer, groups, scored, stats)
+        return groups, {start + p: (rid, step) for p, rid in enumerate(row_ids)}
+
+    def metrics(self, out: Collected, step: int) -> dict[str, float]:
+        """``perf/ahead_wait_s``: how long the step waited for its batch generated ahead (0: it was
+        back before the step needed it); ``rollout/ahead_lag``: the versions its policy lags the step's."""
+        return {"perf/ahead_wait_s": self.waited, "rollout/ahead_lag": self.lag} if self.waited is not None else {}
+
+    def snapshot(self) -> Any:
+        return dict(self.batches)  # (the batches themselves keep their completions once taken)
+
+    def restore(self, snap: Any) -> None:
+        self.batches = dict(snap)
+
+    # ---------------------------------------------------------------- in checkpoints (a ``reasonrl.train.checkpoint.FilePart``)
+    def save(self, where: Path) -> None:
+        """``where``.pt := the batches ahead, each waited for (so the checkpoint holds what they generate)."""
+        rec = []
+        for b in self.batches.values():
+            outs = self._wait(b)
+            flat = [c for cs in outs for c in cs]
+            rec.append({"step": b.step, "start": b.start, "row_ids": b.row_ids, "version": b.version, "gen_s": b.gen_s, "n": [len(cs) for cs in outs],
+                        "lens": torch.tensor([len(c[0]) for c in flat], dtype=torch.int64),
+                        "ids": torch.tensor([t for c in flat for t in c[0]], dtype=torch.int64),
+                        "logprobs": torch.tensor([x for c in flat for x in c[1]], dtype=torch.float64),  # (the engine's floats, exactly)
+                        "finish": [c[2] for c in flat]})
+        torch.save({"batches": rec}, where.with_suffix(".pt"))
+
+    def load(self, where: Path) -> None:
+        from reasonrl.errors import ReasonRLError
+
+        f = where.with_suffix(".pt")
+        if not f.is_file():
+            raise ReasonRLError(f"{where.parent} holds no {f.name} (the batches generated ahead by --async-steps): "
+                                "resume from a checkpoint of this run, or start over with --overwrite")
+        self.batches = {}
+        for r in torch.load(f, weights_only=True)["batches"]:
+            lens, ids, lps = r["lens"].tolist(), r["ids"].tolist(), r["logprobs"].tolist()
+            flat, at = [], 0
+            for n, fin in zip(lens, r["finish"]):
+                flat.append((ids[at : at + n], lps[at : at + n], fin))
+                at += n
+            outs, at = [], 0
+            for n in r["n"]:
+                outs.append(flat[at : at + n])
+                at += n
+            self.batches[int(r["step"])] = AheadBatch(int(r["step"]), int(r["start"]), [int(i) for i in r["row_ids"]], int(r["version"]), outs=outs,
+                                                    gen_s=float(r["gen_s"]))
 
 
 class SegmentRounds(RoundSource):
@@ -332,22 +502,26 @@ class Collector:
         ranks: this process among the run's processes.
         partial_len: S > 0: partial rollouts (``reasonrl.train.partial``), S tokens per response and
             round; 0: every response generated whole in one round.
+        ahead: K > 0 (``train --async-steps K``): each step's first round generated K steps ahead
+            (:class:`AheadRounds`; ``engine`` an ``EngineProcess``); not with ``partial_len``.
 
-    The rounds' source (:attr:`source`) is the one difference between the two: a
-    :class:`WholeRounds`, or a :class:`SegmentRounds` over its pool (:attr:`pool`; None without).
+    The rounds' source (:attr:`source`) is the one difference: a :class:`WholeRounds`, an
+    :class:`AheadRounds`, or a :class:`SegmentRounds` over its pool (:attr:`pool`; None without).
     """
 
     def __init__(self, *, spec: A.AlgoSpec, engine: Any, tokenizer: Any, scorer: Any, stream: DataStream, sampling: SamplingParams,
                  max_prompt_len: int, overlong_cache_len: int, oversample: float = 1.0, max_rounds: int = 1, seed: int = 0,
-                 ranks: Ranks | None = None, partial_len: int = 0) -> None:
+                 ranks: Ranks | None = None, partial_len: int = 0, ahead: int = 0) -> None:
         self.spec, self.stream, self.sampling, self.cache_len = spec, stream, sampling, overlong_cache_len
         self.oversample, self.max_rounds = oversample, max_rounds
         self.ranks = ranks or Ranks()
         self.pool = (PartialPool(partial_len, sampling.max_tokens, context_len=getattr(engine, "max_model_len", None))  # (vLLM's; None: no known limit)
                      if partial_len and partial_len < sampling.max_tokens else None)
         kw = dict(engine=engine, tokenizer=tokenizer, scorer=scorer, sampling=sampling, max_prompt_len=max_prompt_len, seed=seed, ranks=self.ranks)
-        self.source = (WholeRounds(**kw) if self.pool is None else
-                       SegmentRounds(self.pool, rows=stream.rows, max_staleness=spec.max_staleness, **kw))
+        if self.pool is not None and ahead:
+            raise ValueError("partial rollouts and rounds generated ahead do not combine")
+        self.source: RoundSource = (SegmentRounds(self.pool, rows=stream.rows, max_staleness=spec.max_staleness, **kw) if self.pool is not None else
+                                    AheadRounds(ahead, stream=stream, **kw) if ahead else WholeRounds(**kw))
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of collection: the data position (and the partial rollouts' pool)."""
@@ -357,6 +531,20 @@ class Collector:
         self.stream.load(st)
         if self.pool is not None:
             self.pool.load(st.get("partial", {}))
+
+    def snapshot(self) -> tuple[dict[str, Any], Any]:
+        """All of collection's state as it stands (:meth:`state`, and the batches generated ahead,
+        held in memory), for :meth:`restore` when a step is dropped before its update."""
+        return self.state(), self.source.snapshot()
+
+    def restore(self, snap: tuple[dict[str, Any], Any]) -> None:
+        self.load(snap[0])
+        self.source.restore(snap[1])
+
+    @property
+    def ahead(self) -> AheadRounds | None:
+        """The source of rounds generated ahead (``--async-steps``; a checkpoint part), or None."""
+        return self.source if isinstance(self.source, AheadRounds) else None
 
     def collect(self, n_prompts: int, *, step: int = 0, dynamic: bool | None = None) -> Collected:
         """Generate until ``n_prompts`` groups (over all ranks) are kept, or the round cap is hit.
@@ -381,8 +569,7 @@ class Collector:
         need = n_prompts - len(selected)
         while need > 0 and out.rounds < src.round_cap(self.max_rounds, dynamic):
             k = math.ceil(need * (self.oversample if dynamic else 1.0))
-            start = self.stream.drawn
-            rows, row_ids = self.stream.take(k)
+            rows, row_ids, start = src.draw(self.stream, k, step=step, rnd=out.rounds)
             groups, origin = src.round(rows, row_ids, start, step=step, rnd=out.rounds, stats=out.stats)
             out.rounds += 1
             shape_rewards(groups, overlong_penalty=self.spec.overlong_penalty, max_len=self.sampling.max_tokens, cache_len=self.cache_len)
@@ -406,6 +593,7 @@ class Collector:
             need = n_prompts - len(selected)
         self._close(out, selected, mine, deferred)
         out.pool_metrics = src.metrics(out, step)
+        src.finish(math.ceil(n_prompts * (self.oversample if dynamic else 1.0)), step)  # (--async-steps: the next steps' first rounds submitted)
         return out
 
     @property

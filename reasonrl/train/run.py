@@ -104,7 +104,8 @@ def validation_rows(cfg: Any) -> list[dict[str, Any]]:
 def make_collector(cfg: Any, *, spec: Any, engine: Any, tokenizer: Any, scorer: Any, stream: Any, ranks: Any, **dynamic: Any) -> Any:
     """The collector of a training stage: G responses per prompt of ``cfg``'s sampling options (up
     to ``max_response_len`` tokens), seeded by ``cfg.seed``; ``dynamic``: the reward shaping and
-    dynamic sampling's options (``overlong_cache_len``, ``oversample``, ``max_rounds``)."""
+    dynamic sampling's options (``overlong_cache_len``, ``oversample``, ``max_rounds``), partial
+    rollouts' ``partial_len`` and --async-steps' ``ahead``."""
     from reasonrl.engines.base import SamplingParams
     from reasonrl.train.collector import Collector
 
@@ -299,6 +300,7 @@ class Run:
         a new stateful feature is one more entry here."""
         return Parts(files={"policy": ModelState(self.policy_backend, self.tokenizer),
                             **({"critic": ModelState(self.critic_backend, label="critic.")} if self.critic_backend is not None else {}),
+                            **({"ahead": self.collector.ahead} if self.collector.ahead is not None else {}),  # the batches in flight (--async-steps)
                             "rng": RngState(self.ranks.rank)},
                      states={"data": self.collector,  # the data position and the partial rollouts' pool
                              **({"val": self.best} if self.best is not None else {}),
@@ -310,12 +312,13 @@ class Run:
         save_checkpoint(self.out, step, self.parts(), rank=self.ranks.rank, world=self.ranks.world, keep_last=self.cfg.keep_last)
 
     def mark(self) -> tuple[Any, Any]:
-        """What a step abandoned before its update changed (the RNG, the data position), as it stands."""
-        return torch.get_rng_state(), self.collector.state()
+        """What a step abandoned before its update changed (the RNG, the data position and the batches
+        generated ahead), as it stands."""
+        return torch.get_rng_state(), self.collector.snapshot()
 
     def rewind(self, mark: tuple[Any, Any]) -> None:
         torch.set_rng_state(mark[0])
-        self.collector.load(mark[1])
+        self.collector.restore(mark[1])
 
     @property
     def stopped_early(self) -> bool:
@@ -395,14 +398,23 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
     policy_backend = make_backend(cfg, model, cfg.lr, dtype)
     stream = DataStream(rows, cfg.seed, skip_solved=cfg.skip_solved_epochs)
     val_len = cfg.val_max_response_len or cfg.max_response_len
-    engine = make_engine(cfg, str(policy.base_dir), seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0),
-                         decode_steps=(cfg.steps - start) * cfg.max_response_len)
+    engine_args = dict(seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0),
+                       decode_steps=(cfg.steps - start) * cfg.max_response_len)
+    if cfg.async_steps:  # the engine in its own process; its weights' version: the policy of step 1, or of the step after the checkpoint's once synced below
+        from reasonrl.engines.base import EngineOptions
+        from reasonrl.engines.process import EngineProcess
+
+        opts = EngineOptions(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EngineOptions)})
+        engine = EngineProcess(opts, str(policy.base_dir), **engine_args, threads=cfg.engine_threads, cpus=cfg.engine_cpu_list(),
+                               version=start if ckpt else 1, env={"CUDA_VISIBLE_DEVICES": cfg.engine_gpus} if cfg.engine_gpus else None)
+    else:
+        engine = make_engine(cfg, str(policy.base_dir), **engine_args)
     if ckpt:  # (a fresh adapter's B is 0: its merged weights are the base's, which the engine loaded)
         policy.sync(engine, policy_backend)
     scorer = RewardScorer(reward=cfg.reward)
     collector = make_collector(cfg, spec=spec, engine=engine, tokenizer=tokenizer, scorer=scorer, stream=stream, ranks=ranks,
                                overlong_cache_len=cfg.overlong_cache_len, oversample=cfg.oversample, max_rounds=cfg.max_gen_rounds,
-                               partial_len=cfg.partial_rollout_len)
+                               partial_len=cfg.partial_rollout_len, ahead=cfg.async_steps)
     learner = make_learner(cfg, spec=spec, tokenizer=tokenizer, dtype=dtype, ranks=ranks, policy=model, policy_backend=policy_backend,
                            critic_backend=critic_backend, ref_model=ref, ppo_epochs=cfg.ppo_epochs)
     best = Best(cfg.save_best, cfg.early_stop_patience) if cfg.save_best else None

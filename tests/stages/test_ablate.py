@@ -138,6 +138,8 @@ def test_bad_input_is_one_line_before_anything_runs(args, needles, tmp_path, mon
     ('base = "train-dapo-cpu.toml"\nseeds = 0\n[[rung]]\nname = "a"\n', ["seeds must be"]),
     ('base = "train-dapo-cpu.toml"\nrungs = 1\n[[rung]]\nname = "a"\n', ["unknown key 'rungs'"]),
     ('base = "train-dapo-cpu.toml"\n[[rung]\n', ["not valid TOML"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]]\nname = "a"\nvs = "b"\n[[rung]]\nname = "b"\n', ["rung a: vs = 'b' names no rung above it"]),
+    ('base = "train-dapo-cpu.toml"\n[[rung]]\nname = "a"\n[[rung]]\nname = "b"\nvs = 1\n', ["rung b: vs must be the name of another rung"]),
 ])
 def test_a_bad_spec_is_one_line(spec, needles, tmp_path):
     (tmp_path / "s.toml").write_text(spec)
@@ -404,6 +406,31 @@ def test_the_delta_says_when_final_validations_are_at_different_steps(tmp_path):
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("b "))
     assert "†" in row and "†" not in next(ln for ln in text.splitlines() if ln.strip().startswith("c "))
     assert "† b: final validations at different steps (seed 0: step 6 vs 8)" in " ".join(text.split())
+
+
+def test_a_rung_names_the_rung_its_delta_is_paired_against(tmp_path):
+    """vs = "a": the rung's Δ pairs it with rung a's runs (an ablation of alternatives to one baseline), not
+    with the rung above; the table says so."""
+    from rich.console import Console
+
+    from reasonrl.stages.ablation.stats import summarise
+    from reasonrl.stages.ablation.table import print_table
+
+    out = tmp_path / "abl"
+    for seed in (0, 1):
+        _finished_run(out / "a" / f"seed-{seed}", {0: [0.0, 0.0], 8: [0.5, 0.0]})
+        _finished_run(out / "b" / f"seed-{seed}", {0: [0.0, 0.0], 8: [1.0, 1.0]})
+        _finished_run(out / "c" / f"seed-{seed}", {0: [0.0, 0.0], 8: [1.0, 0.0]})
+    plan = {"source": "spec", "base": "x.toml", "steps": 8, "val_every": 8, "seeds": [0, 1],
+            "rungs": [{"name": "a", "sets": {}, "pretrained_critic": False}, {"name": "b", "sets": {}, "pretrained_critic": False},
+                      {"name": "c", "sets": {}, "pretrained_critic": False, "vs": "a"}]}
+    doc = summarise(plan, out, {}, 20)
+    a, b, c = doc["rungs"]
+    assert b["vs_previous"]["rung"] == "a" and b["vs_previous"]["final"]["value"] == pytest.approx(0.75)
+    assert c["vs"] == "a" and c["vs_previous"]["rung"] == "a" and c["vs_previous"]["final"]["value"] == pytest.approx(0.25)  # (against b: -0.25)
+    console = Console(record=True, width=80)
+    print_table(doc, console)
+    assert "Δ of c against a" in " ".join(console.export_text().split())
 
 
 def test_the_table_intervals_fit_the_crossed_design(tmp_path):

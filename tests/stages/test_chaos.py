@@ -393,3 +393,74 @@ def test_sigkill_then_resume_a_lora_run_is_the_same_run(format_model, prepared, 
         assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys(), n
         assert all(torch.equal(a["state"][i][k], b["state"][i][k]) for i in a["state"] for k in a["state"][i]), n
         assert not list((out / "checkpoints" / f"step_{n}" / "policy").glob("model*.safetensors"))  # (no frozen base)
+
+
+#: One step off (--async-steps 1): the engine in its own process, one thread.
+ASYNC = ["--async-steps", "1", "--engine-threads", "1"]
+ASYNC_STOPS = 8
+
+
+@pytest.fixture(scope="module")
+def async_reference(format_model, reference) -> tuple[Path, Path, float, float]:
+    """(data, the uninterrupted --async-steps 1 run, its start-up time, its time per step)."""
+    data = reference[0]
+    ref = reference[1].parent / "async_ref"
+    t0 = time.monotonic()
+    p = subprocess.Popen(_cmd(*_train_args(format_model, data, ref), *ASYNC), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while p.poll() is None and _lines(ref) < 1:
+        time.sleep(0.05)
+    startup = time.monotonic() - t0
+    _, err = p.communicate(timeout=900)
+    assert p.returncode == 0, err[-3000:]
+    return data, ref, startup, max((time.monotonic() - t0 - startup) / (STEPS - 1), 0.05)
+
+
+def test_async_steps_killed_anywhere_then_resumed_is_the_same_run(format_model, reference, async_reference) -> None:
+    """--async-steps 1 stopped at random moments, SIGKILL and SIGTERM in turn (one SIGKILL timed to
+    land while a checkpoint is being written, the SIGTERM launches alternating --save-every 1 and 0),
+    and resumed each time: the uninterrupted async run, bitwise, each step's metrics once, no trained
+    token more than one version old. Its first step is the synchronous run's (the same policy
+    samples the same prompts with the same seeds)."""
+    data, ref, startup, per_step = async_reference
+    raw = [json.loads(x) for x in (ref / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert all(m.get("rollout/staleness_max", 0) <= 1 for m in raw if m["step"] > 0) and any(m.get("rollout/staleness_max") == 1 for m in raw)
+    sync = {k: v for k, v in _metrics(reference[1])[1].items() if k.startswith("rollout/") and "stale" not in k}
+    assert {k: v for k, v in _metrics(ref)[1].items() if k in sync} == sync  # (step 1: before any update, the same batch)
+    out = ref.parent / "async_chaos"
+    rng = random.Random(2)
+    stops: list[str] = []
+    launches = 0
+    while True:
+        done = _done_steps(out)
+        sig = signal.SIGKILL if len(stops) % 2 == 0 else signal.SIGTERM
+        save_every = 0 if sig == signal.SIGTERM and len(stops) % 4 == 3 else 1
+        args = _train_args(format_model, data, out, save_every=save_every) + ASYNC + (["--resume"] if done else ["--overwrite"])
+        proc = subprocess.Popen(_cmd(*args), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        launches += 1
+        if len(stops) == ASYNC_STOPS:
+            _, err = proc.communicate(timeout=900)
+            assert proc.returncode == 0, err[-3000:]
+            break
+        target = rng.randint(done, STEPS - 2) if done < STEPS - 1 else done
+        extra = rng.uniform(0.2, 1.0) * startup if target == done else rng.uniform(0.0, 1.0) * per_step
+        what = _kill_when(proc, out, at_checkpoint=len(stops) == 4, after_lines=target, extra_s=extra, sig=sig)
+        err = proc.stderr.read() if proc.stderr else ""
+        if what == "finished" or proc.returncode == 0:  # (it ended first, or the signal came once the steps were over)
+            assert proc.returncode == 0 and (out / "manifest.json").is_file(), (what, proc.returncode, err[-3000:])
+            shutil.rmtree(out)
+            continue
+        assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 143), (what, proc.returncode, err[-3000:])
+        if sig == signal.SIGTERM:
+            assert len([ln for ln in err.splitlines() if ln.startswith("stopped by SIGTERM")]) == 1 and "Traceback" not in err, err[-3000:]
+        logged = [m["step"] for m in _metrics(out)] if (out / "metrics.jsonl").is_file() else []
+        assert len(logged) == len(set(logged)), logged  # (each step once, whatever the stop cut)
+        stops.append(f"{signal_name(sig)} {what}")
+        print(f"chaos async: {stops[-1]} (launch {launches}, {_done_steps(out)} steps checkpointed)", file=sys.stderr)
+    _same_run(out, ref)
+    for ck in (out / "checkpoints").glob("step_*"):
+        assert json.loads((ck / "trainer_state.json").read_text()) == json.loads((ref / "checkpoints" / ck.name / "trainer_state.json").read_text())
+    print(f"chaos async: {len(stops)} stops ({', '.join(stops)}) over {launches} launches; final weights bitwise equal", file=sys.stderr)
+
+
+def signal_name(sig: int) -> str:
+    return signal.Signals(sig).name

@@ -134,3 +134,57 @@ def test_two_ranks_share_one_partial_rollout_pool(format_model) -> None:
     going = sum(len(p[0]) for g in pool["open"] for p in g["pieces"])  # (a piece: ids, log-probs, finish, versions)
     finished = sum(m["rollout/response_length_mean"] * m["rollout/ds_generated_groups"] * 4 for m in r0["metrics"] if "rollout/response_length_mean" in m)
     assert r0["tokens"] + r1["tokens"] == pytest.approx(finished + going)  # every token decoded on either rank is in a response
+
+
+def _toy_collector(model_dir, engine, **kw):
+    from reasonrl.algos import get_algo
+    from reasonrl.engines.base import SamplingParams
+    from reasonrl.models.loading import load_tokenizer
+    from reasonrl.train.collector import Collector, DataStream
+    from toyhelp import toy_rows
+
+    rows = [{"prompt": [{"role": "user", "content": r["problem"]}], "reward_model": {"ground_truth": r["answer"]}} for r in toy_rows(40, seed=1)]
+    return Collector(spec=get_algo("dapo"), engine=engine, tokenizer=load_tokenizer(model_dir), scorer=RankScript(0), stream=DataStream(rows, seed=0),
+                     sampling=SamplingParams(n=2, max_tokens=6), max_prompt_len=256, overlong_cache_len=2, max_rounds=3, seed=0, **kw)
+
+
+def _drawn(col) -> list[tuple]:
+    return [(s.group, s.response_ids, s.logprobs, s.finish_reason, s.versions) for g in col.groups for s in g]
+
+
+def test_rounds_generated_ahead(tiny_model, tmp_path) -> None:
+    """--async-steps 1 (AheadRounds over an EngineProcess): step t+1's first round is drawn and submitted
+    at the end of step t's collection, sampled by the weights of step t (its tokens carry that
+    version); it is the synchronous collector's round with those weights, token for token (same
+    draws, same per-prompt seeds); saved (waited for) and loaded it gives the same next step; and a
+    step dropped before its update (snapshot, restore) collects again the same."""
+    import torch
+
+    from reasonrl.engines.base import EngineOptions
+    from reasonrl.engines.hf import HFEngine
+    from reasonrl.engines.process import EngineProcess
+
+    torch.manual_seed(0)
+    sync_engine = HFEngine(str(tiny_model), dtype="fp32", seed=0)
+    new = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in sync_engine.model.state_dict().items()}
+    with EngineProcess(EngineOptions(engine="hf", dtype="fp32"), str(tiny_model), seed=0, threads=1, version=1) as proc:
+        ahead, sync = _toy_collector(tiny_model, proc, ahead=1), _toy_collector(tiny_model, sync_engine)
+        a1, s1 = ahead.collect(2, step=1), sync.collect(2, step=1)
+        assert ahead.state() == {"epoch": 0, "pos": 4}  # step 2's first round drawn too
+        assert [x[:4] for x in _drawn(a1)] == [x[:4] for x in _drawn(s1)] and {v for x in _drawn(a1) for v in x[4]} == {1}
+        assert a1.pool_metrics["rollout/ahead_lag"] == 0
+        proc.update_weights(new)  # (step 1's update: version 2, after step 2's batch in the engine's queue)
+        a2, s2 = ahead.collect(2, step=2), sync.collect(2, step=2)  # (the synchronous engine still has step 1's weights)
+        assert [x[:4] for x in _drawn(a2)] == [x[:4] for x in _drawn(s2)] and {v for x in _drawn(a2) for v in x[4]} == {1}
+        assert a2.pool_metrics["rollout/ahead_lag"] == 1 and ahead.ahead.batches[3].version == 2
+
+        ahead.ahead.save(tmp_path / "ahead")  # (waits for step 3's batch)
+        again = _toy_collector(tiny_model, proc, ahead=1)
+        again.load(ahead.state())
+        again.ahead.load(tmp_path / "ahead")
+        snap = ahead.snapshot()
+        a3 = _drawn(ahead.collect(2, step=3))
+        assert _drawn(again.collect(2, step=3)) == a3 and {v for x in a3 for v in x[4]} == {2}
+        ahead.restore(snap)
+        assert _drawn(ahead.collect(2, step=3)) == a3
+    sync_engine.close()

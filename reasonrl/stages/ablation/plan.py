@@ -32,6 +32,7 @@ class Rung:
     name: str
     sets: dict[str, Any]
     pretrained_critic: bool = False
+    vs: str | None = None  # a rung above it that its Δ is paired against (None: the rung just above)
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,8 @@ class Plan:
     def what(self) -> dict[str, Any]:
         """The plan without its seeds: a rerun must keep it (finished runs are not rerun)."""
         return {"base": str(self.base), "critic_base": str(self.critic_base), "sets": self.sets, "critic_sets": self.critic_sets,
-                "rungs": [{"name": r.name, "sets": {k: _fmt(v) for k, v in r.sets.items()}, "pretrained_critic": r.pretrained_critic}
-                          for r in self.rungs], "steps": self.steps, "val_every": self.val_every}
+                "rungs": [{"name": r.name, "sets": {k: _fmt(v) for k, v in r.sets.items()}, "pretrained_critic": r.pretrained_critic,
+                           **({"vs": r.vs} if r.vs else {})} for r in self.rungs], "steps": self.steps, "val_every": self.val_every}
 
 
 def _fmt(v: Any) -> str:
@@ -140,11 +141,14 @@ def _rung(t: Any, i: int) -> Rung:
     t = dict(t)
     name = t.pop("name", None)
     pre = t.pop("pretrained_critic", False)
+    vs = t.pop("vs", None)
     if not isinstance(name, str) or not name:
         raise ReasonRLError(f"spec: rung {i + 1} has no name: give each [[rung]] a name = \"…\"")
     if not isinstance(pre, bool):
         raise ReasonRLError(f"spec: rung {name}: pretrained_critic must be true or false")
-    return Rung(name, _flat(t, f"spec: rung {name}:"), pre)
+    if vs is not None and not isinstance(vs, str):
+        raise ReasonRLError(f"spec: rung {name}: vs must be the name of another rung (its Δ is paired against that rung's runs)")
+    return Rung(name, _flat(t, f"spec: rung {name}:"), pre, vs)
 
 
 def _flat(t: dict[str, Any], where: str, own: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -208,6 +212,9 @@ def make_plan(cfg: Any) -> Plan:
                                                         f"and not be one of {', '.join(sorted(taken))}")
     dup = sorted({n for n in names if names.count(n) > 1})
     check(not dup, f"rung name '{dup[0] if dup else ''}' is used twice: give each rung its own name")
+    for i, r in enumerate(rungs):
+        check(r.vs is None or r.vs in names[:i], f"rung {r.name}: vs = '{r.vs}' names no rung above it: give one of "
+                                                 f"{', '.join(names[:i]) or '(none: the first rung has nothing to compare with)'}")
     sets = {k: _fmt(v) for k, v in spec["train"].items()}
     sets.update(parse_sets(cfg.sets))
     base = _recipe(spec["base"], spec["near"], "base")

@@ -120,6 +120,7 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
     rows: list[dict[str, Any]] = []
     prev: dict[int, dict[str, Any]] | None = None
     prev_name = None
+    by_name: dict[str, dict[int, dict[str, Any]]] = {}
     for r in plan_doc["rungs"]:
         stats: dict[int, dict[str, Any]] = {}
         runs: dict[str, Any] = {}
@@ -134,7 +135,7 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
             runs[str(s)] = {"dir": str(d), "status": status, **({"error": j.error} if j is not None and j.error and not finished else {})}
             if st is not None:
                 stats[s] = st
-        row: dict[str, Any] = {"name": r["name"], "overrides": r["sets"], "pretrained_critic": r["pretrained_critic"], "runs": runs,
+        row: dict[str, Any] = {"name": r["name"], "overrides": r["sets"], "pretrained_critic": r["pretrained_critic"], **({"vs": r["vs"]} if r.get("vs") else {}), "runs": runs,
                                "seeds_finished": sorted(stats)}
         if stats:
             vals = list(stats.values())
@@ -147,13 +148,15 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
                       "checkpoint_mib"):
                 row[k] = _mean([v[k] for v in vals])
             row["curves"] = {str(s): v["curve"] for s, v in stats.items()}
-            if prev:
-                row["vs_previous"] = {"rung": prev_name, "final": _paired(stats, prev, "final", n_boot), "auc": _paired(stats, prev, "auc", n_boot)}
-                differ = _steps_differ(stats, prev)
+            other, other_name = (by_name.get(r["vs"]), r["vs"]) if r.get("vs") else (prev, prev_name)  # (the rung above, or the one it names)
+            if other:
+                row["vs_previous"] = {"rung": other_name, "final": _paired(stats, other, "final", n_boot), "auc": _paired(stats, other, "auc", n_boot)}
+                differ = _steps_differ(stats, other)
                 if differ:
                     row["vs_previous"]["steps_differ"] = differ
         rows.append(row)
         prev, prev_name = stats, r["name"]
+        by_name[r["name"]] = stats
     bad = [f"{r['name']}/seed-{s}" for r in rows for s, v in r["runs"].items() if v["status"] in ("failed", "blocked", "no validation")]
     critics = {label: {"dir": str(j.dir), "status": j.status, **({"error": j.error} if j.error else {})} for label, j in jobs.items() if j.stage == "pretrain-value"}
     bad += [k for k, v in critics.items() if v["status"] in ("failed", "blocked")]
@@ -163,5 +166,5 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
                                               "(ci; reasonrl.evaluation.scores.crossed_mean_ci); the percentile bootstrap over the problems of their mean over "
                                               "seeds, the runs taken as fixed (ci_problems). Runs on different problems (design 'nested'): the two-level "
                                               "bootstrap, seeds then each seed's problems (ci), and over the pooled values (ci_problems). vs_previous: "
-                                              "paired by seed and problem"),
+                                              "against the rung above (or the one the rung names with vs: vs_previous.rung), paired by seed and problem"),
             "rungs": rows, "critics": critics, "failed": bad, "unfinished": missing, "complete": not bad and not missing}

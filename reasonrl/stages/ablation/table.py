@@ -51,6 +51,9 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
         train.add_row(r["name"], _num(r.get("entropy_final")), _num(r.get("clipfrac_upper"), "{:.4f}"), _num(r.get("clipfrac_lower"), "{:.4f}"),
                       _num(r.get("response_length"), "{:.1f}"), _num(r.get("truncated_frac"), "{:.2f}"), _num(r.get("ds_rounds"), "{:.2f}"))
         cost.add_row(r["name"], _num(r.get("step_s"), "{:.2f}"), _num(r.get("peak_rss_gib"), "{:.2f}"), _num(r.get("checkpoint_mib"), "{:.1f}"))
+    named = [f"{r['name']} against {r['vs']}" for r in doc["rungs"] if r.get("vs") and r.get("vs_previous")]
+    if named:
+        acc.caption = f"{acc.caption}; Δ of " + ", ".join(named)
     if notes:
         acc.caption = f"{acc.caption}\n" + "\n".join(notes) + " (early stopping, or another val_every: the Δ compares two training lengths)"
     console.print(acc)
