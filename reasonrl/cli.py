@@ -203,10 +203,10 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     # How the OpenMP threads wait (spin, or yield the core when other processes are busy): read by
     # libgomp when torch loads, so chosen here (reasonrl.cpu_share; $REASONRL_CPU_WAIT).
-    # (Not for --help or a bare command: nothing loads torch, so the fifth of a second is not spent.)
+    # (--help and a bare command load no torch: the mode is checked, the fifth of a second not spent.)
+    helping = len(sys.argv) < 2 or bool({"--help", "-h"} & set(sys.argv[1:]))
     try:
-        if len(sys.argv) > 1 and not {"--help", "-h"} & set(sys.argv[1:]):
-            cpu_share.choose_wait()
+        cpu_share.choose_wait(measure=(lambda: 0.0) if helping else cpu_share.others_busy)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
