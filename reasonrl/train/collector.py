@@ -560,7 +560,7 @@ class Collector:
         partial_len: S > 0: partial rollouts (``reasonrl.train.partial``), S tokens per response and
             round; 0: every response generated whole in one round.
         ahead: K > 0 (``train --async-steps K``): each step's first round generated K steps ahead
-            (:class:`AheadRounds`; ``engine`` an ``EngineProcess``); not with ``partial_len``.
+            (:class:`AheadRounds`; ``engine`` an ``EngineProcess``, this rank's own); not with ``partial_len``.
 
     The rounds' source (:attr:`source`) is the one difference: a :class:`WholeRounds`, an
     :class:`AheadRounds`, or a :class:`SegmentRounds` over its pool (:attr:`pool`; None without).
