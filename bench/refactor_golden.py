@@ -43,6 +43,7 @@ CASES: dict[str, tuple[list[str], bool]] = {
     "ppo": (["--algo", "ppo", "--engine", "hf", "--steps", "3"], False),
     "vcppo": (["--algo", "vcppo", "--engine", "hf", "--steps", "3"], True),
     "dapo-entropy": (["--algo", "dapo", "--engine", "hf", "--steps", "3", "--entropy-coef", "0.004", "--entropy-target", "1.0"], False),
+    "dapo-async": (["--algo", "dapo", "--engine", "hf", "--steps", "4", "--async-steps", "1", "--engine-threads", "1", *VAL], False),
 }
 TIMING = ("perf/", "time", "_s", "tok/s", "tokens_per_s", "mem", "rss", "elapsed", "eta", "wall")
 

@@ -109,13 +109,14 @@ class EngineProcess:
     ``close_grace_s`` how long ``close`` waits for the child to close its engine before SIGKILL.
     ``version``: the version of the weights it is built with (``Pending.weights_version`` of the
     requests before any update; default None). ``env``: variables set in the child's environment
-    (e.g. ``CUDA_VISIBLE_DEVICES``: the engine on GPUs of its own).
+    (e.g. ``CUDA_VISIBLE_DEVICES``: the engine on GPUs of its own; a value None: the variable unset,
+    e.g. a launcher's ``RANK``).
     """
 
     def __init__(self, opts: EngineOptions, model_dir: str | Path, *, seed: int, max_model_len: int = 4096,
                  decode_steps: int | None = None, threads: int | None = None, cpus: Sequence[int] | None = None,
                  start_timeout_s: float = 900.0, close_grace_s: float = 30.0, version: Any = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str | None] | None = None) -> None:
         if threads is not None and threads < 1:
             raise ReasonRLError(f"EngineProcess: threads must be >= 1, got {threads}")
         self.close_grace_s = close_grace_s
@@ -139,7 +140,7 @@ class EngineProcess:
                 "decode_steps": decode_steps, "threads": threads, "cpus": list(cpus) if cpus is not None else None}
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        env = {**os.environ, **(env or {})}
+        env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
         root = str(Path(__file__).resolve().parents[2])  # (the child imports this copy of reasonrl)
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         if threads is not None:  # (read by OpenMP when torch loads, before the child's set_num_threads)

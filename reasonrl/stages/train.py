@@ -66,10 +66,10 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, Sche
     unrated: str = opt("keep", "With --filter-rollouts: 'keep' or 'drop' the training prompts the rollouts do not cover.")
     skip_solved_epochs: int = opt(0, "Drop a prompt for the rest of the run once every sample of it was correct in this many visits in a row (0 = never); kept in checkpoints.")
     partial_rollout_len: int = opt(0, "Partial rollouts (Kimi k1.5 §2.6.2, slime): generate S tokens per response and round, and carry a response still going when the batch is full into the next step (sampled on by the policies of the steps that follow, over L_max/S steps or more; its per-token sampling log-probs and policy versions are kept: stale tokens are corrected by default, --stale-correction, --max-staleness), so no step waits for its longest response. Must divide max_response_len; 0 = off (each response whole within its step). See docs/performance.md.")
-    async_steps: int = opt(0, "One-step-off asynchronous training: the engine runs in its own process and generates the first round of step t+K while step t trains (its tokens sampled by a policy up to K versions old: corrected by default as stale tokens, --stale-correction); the batches in flight are part of every checkpoint, so --resume gives the same run. 0 = the synchronous loop. One process only (not with torchrun), not with --partial-rollout-len, --engine-tp > 1 or --engine-sleep. See docs/performance.md.")
+    async_steps: int = opt(0, "One-step-off asynchronous training: the engine runs in its own process and generates the first round of step t+K while step t trains (its tokens sampled by a policy up to K versions old: corrected by default as stale tokens, --stale-correction); the batches in flight are part of every checkpoint, so --resume gives the same run. 0 = the synchronous loop. Under torchrun every rank runs an engine process of its own and generates its share of the same prompts; the ranks agree on each batch and its version. Not with --partial-rollout-len, --engine-tp > 1 or --engine-sleep. See docs/performance.md.")
     engine_threads: int | None = opt(None, "With --async-steps: torch threads of the engine's process (default: torch's).")
     engine_cpus: str = opt("", "With --async-steps: the cores the engine's process runs on, e.g. '1' or '0-3,8' (default: the trainer's); pin the trainer to the others with taskset.")
-    engine_gpus: str = opt("", "With --async-steps: the GPUs the engine's process sees (its CUDA_VISIBLE_DEVICES, e.g. '1'; default: the trainer's, shared), so that generation and training run on GPUs of their own.")
+    engine_gpus: str = opt("", "With --async-steps: the GPUs the engine's process sees (its CUDA_VISIBLE_DEVICES, e.g. '1'; default: the trainer's, shared), so that generation and training run on GPUs of their own. Under torchrun: one GPU per process of a node, local rank i's engine on the i-th (e.g. '2,3' with --nproc_per_node 2; default: each rank's own GPU, shared).")
     keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
     resume: bool = opt(False, "Continue from the latest checkpoint in out/.")
     overwrite: bool = opt(False, "Replace a finished run in out/.")
@@ -336,7 +336,7 @@ def check_inputs(cfg: TrainConfig, console: Any, progress: TrainProgress) -> Tra
     the checkpoint a --resume continues from."""
     from reasonrl.models.loading import check_weights, load_tokenizer
     from reasonrl.train.checkpoint import latest_checkpoint, open_checkpoint, start_run
-    from reasonrl.train.run import Policy, start_ranks, training_rows, validation_rows
+    from reasonrl.train.run import Policy, rank_engine_env, start_ranks, training_rows, validation_rows
 
     spec = cfg.algo_spec()
     out = Path(cfg.out)
@@ -353,8 +353,8 @@ def check_inputs(cfg: TrainConfig, console: Any, progress: TrainProgress) -> Tra
         console.print(f"[yellow]note: --algo {cfg.algo} uses no critic; --critic is ignored[/]")
     policy.check()
     rank, world = start_ranks(cfg)
-    if cfg.async_steps and world > 1:
-        raise ReasonRLError(f"--async-steps runs one training process, this job has {world}: use --async-steps 0 with torchrun")
+    if cfg.async_steps:
+        rank_engine_env(cfg, rank, world)  # (--engine-gpus under torchrun: one GPU per process of a node, refused before anything is written)
     tok = load_tokenizer(policy.base_dir)
     rows = fitting_prompts(rows, tok, cfg.max_prompt_len, console if rank == 0 else None)
     rated = None

@@ -425,8 +425,8 @@ def load_checkpoint(resumed: Resumed, parts: Parts) -> None:
 
 def save_checkpoint(out: Path, step: int, parts: Parts, *, rank: int, world: int, keep_last: int = 0) -> Path:
     """Write ``out/checkpoints/step_{step}`` from ``parts`` (every rank takes part: ZeRO state is
-    sharded): each file part under its name, then trainer_state.json (``step`` and each part's state
-    under its name).
+    sharded): each file part under its name (every rank's, before rank 0 moves the directory into
+    place), then trainer_state.json (``step`` and each part's state under its name).
 
     Refuses (one-line error) when a weight is not finite. A failed write (a full disk) removes the
     partial directory and leaves the previous checkpoint as the latest. ``keep_last`` > 0 keeps
@@ -447,6 +447,8 @@ def save_checkpoint(out: Path, step: int, parts: Parts, *, rank: int, world: int
             torch.distributed.barrier()
         for name, fpart in parts.files.items():
             fpart.save(tmp / name)
+        if world > 1:  # (every rank's files are in place before rank 0 renames the directory: --async-steps' per-rank batches)
+            torch.distributed.barrier()
         if rank == 0:
             write_json(tmp / "trainer_state.json", {"step": step, **{name: s for name, p in parts.states.items() if (s := p.state())}})
             fsync_tree(tmp)

@@ -26,7 +26,8 @@ first), and what is still going is continued then. The pool is the same on every
 round of step t+K is drawn and submitted to the engine's own process (``reasonrl.engines.process``)
 at the end of step t's collection, so it generates while step t trains; its tokens carry the
 version of the policy that sampled them (staleness <= K), and the batches in flight are part of
-every checkpoint (:meth:`AheadRounds.save`).
+every checkpoint (:meth:`AheadRounds.save`). With several ranks each rank submits its share of the
+same draws to an engine process of its own, and every rank agrees on the batch and its version.
 
 Every random stream is derived, not carried: prompt ``p`` of round ``r`` of step ``s`` samples with
 seed ``mix(seed, s, r, draw index)`` (the engine's per-request seeds), so a resumed run draws the
@@ -39,6 +40,7 @@ import dataclasses
 import enum
 import math
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,7 +267,8 @@ class WholeRounds(RoundSource):
 class AheadBatch:
     """The first round of step ``step``, submitted ahead: prompts drawn from ``start`` (stream rows
     ``row_ids``), sampled by the policy of version ``version``. In flight: ``pending``; back:
-    ``outs`` (per prompt that fit, its completions as (token ids, log-probs, finish reason))."""
+    ``outs`` (per prompt of this rank's share that fit, its completions as (token ids, log-probs,
+    finish reason))."""
 
     step: int
     start: int
@@ -291,8 +294,15 @@ class AheadRounds(WholeRounds):
     they were, which is then the next step's policy, so versions count updates, not syncs; the
     default stale correction applies, as to partial rollouts). Dynamic sampling's further rounds, if
     any, generate at the step with the current weights. A step with no batch ahead (the first of a
-    run) submits its own first round with the current weights. One process (``train`` refuses
-    --async-steps under torchrun).
+    run) submits its own first round with the current weights.
+
+    Several ranks (torchrun): each rank has an engine process of its own. Every rank draws the same
+    rows from the one stream (its state is the same on every rank) and submits its share,
+    ``rows[rank::world]``, as :class:`WholeRounds` generates it; the versions are the submitting
+    step's, which the ranks pass in lockstep. So every rank takes back the same batch of the same
+    version (checked each step: :meth:`_check_agreed`), its share of the groups, and returns every
+    rank's origins, and the collector's agreement over the ranks (dynamic sampling, the equal
+    shares) runs as without K. Each rank saves its own share (``ahead-rank{r}-of-{world}.pt``).
 
     Prompts and seeds are a step's own (seed ``mix(seed, step, 0, draw index)`` per prompt, as
     without K), so what a batch holds depends only on its draws and the weights that sample it: the
@@ -312,6 +322,7 @@ class AheadRounds(WholeRounds):
         b = self.batches.get(step) or self._submit(k, step, version=step)
         if len(b.row_ids) != k:
             raise ValueError(f"step {step}'s batch ahead holds {len(b.row_ids)} prompts; its first round draws {k}")
+        self._check_agreed(b)
         return [stream.rows[i] for i in b.row_ids], list(b.row_ids), b.start
 
     def finish(self, first: int, step: int) -> None:
@@ -320,15 +331,36 @@ class AheadRounds(WholeRounds):
                 self._submit(first, s, version=step)
 
     def _submit(self, k: int, step: int, *, version: int) -> AheadBatch:
-        """Draw step ``step``'s first round and submit it, sampled by the policy of step ``version``
-        (the engine's weights when the request runs)."""
+        """Draw step ``step``'s first round and submit this rank's share of it (every rank draws the
+        same ``k`` rows), sampled by the policy of step ``version`` (the engine's weights when the
+        request runs)."""
         start = self.stream.drawn
         rows, row_ids = self.stream.take(k)
-        fits = [(p, ids) for p, row in enumerate(rows) if (ids := fit_prompt(row, self.tok, self.max_prompt_len)[1]) is not None]
+        fits = [(p, ids) for p in self._share(len(rows)) if (ids := fit_prompt(rows[p], self.tok, self.max_prompt_len)[1]) is not None]
         params = dataclasses.replace(self.sampling, seeds=tuple(mix(self.seed, step, 0, start + p) for p, _ in fits))
         pending = self.engine.submit([ids for _, ids in fits], params)
         b = self.batches[step] = AheadBatch(step, start, list(row_ids), version, pending=pending)
         return b
+
+    def _share(self, k: int) -> range:
+        """The positions of a round of ``k`` prompts that this rank generates (as :class:`WholeRounds`)."""
+        return range(self.ranks.rank, k, self.ranks.world)
+
+    def _check_agreed(self, b: AheadBatch) -> None:
+        """Every rank takes back the same batch: its step, draws, rows and version (one gather of a
+        digest; nothing with one process). A rank whose data position differs would train on other
+        prompts, sampled by another policy, than the rest: refused."""
+        if self.ranks.world == 1:
+            return
+        facts = (b.step, b.start, len(b.row_ids), mix(*b.row_ids), b.version)
+        everyone = self.ranks.gather(facts)
+        odd = next((r for r, f in enumerate(everyone) if f != everyone[0]), None)
+        if odd is not None:
+            from reasonrl.errors import ReasonRLError
+
+            say = lambda f: f"draws {f[1]}..{f[1] + f[2] - 1} (digest {f[3]:x}), version {f[4]}"  # noqa: E731
+            raise ReasonRLError(f"step {b.step}: the ranks disagree on its batch generated ahead (rank 0: {say(everyone[0])}; rank {odd}: "
+                                f"{say(everyone[odd])}): their data positions differ; resume every rank from the same checkpoint")
 
     def _wait(self, b: AheadBatch) -> list[list[tuple[list[int], list[float], str]]]:
         """``b``'s completions, waiting for them if they are still generating (taken once, kept in ``b``)."""
@@ -348,7 +380,8 @@ class AheadRounds(WholeRounds):
         self.waited, self.lag = b.wait_s, step - b.version
         stats.gen_seconds += b.gen_s  # (the engine's own time: perf/generate_s, perf/gen_tokens_per_s; the trainer's wait is perf/ahead_wait_s)
         groups, scored = [], []
-        for p, row in enumerate(rows):  # (as generate_rollouts: a prompt too long is skipped and counted)
+        for p in self._share(len(rows)):  # (this rank's share; as generate_rollouts: a prompt too long is skipped and counted)
+            row = rows[p]
             text, ids = fit_prompt(row, self.tok, self.max_prompt_len)
             if ids is None:
                 stats.skipped_long_prompts += 1
@@ -364,7 +397,10 @@ class AheadRounds(WholeRounds):
     def metrics(self, out: Collected, step: int) -> dict[str, float]:
         """``perf/ahead_wait_s``: how long the step waited for its batch generated ahead (0: it was
         back before the step needed it); ``rollout/ahead_lag``: the versions its policy lags the step's."""
-        return {"perf/ahead_wait_s": self.waited, "rollout/ahead_lag": self.lag} if self.waited is not None else {}
+        if self.waited is None:
+            return {}
+        waited = self.waited if self.ranks.world == 1 else float(self.ranks.max(torch.tensor([self.waited], dtype=torch.float64)).item())  # (the slowest rank's)
+        return {"perf/ahead_wait_s": waited, "rollout/ahead_lag": self.lag}
 
     def snapshot(self) -> Any:
         return dict(self.batches)  # (the batches themselves keep their completions once taken)
@@ -373,8 +409,15 @@ class AheadRounds(WholeRounds):
         self.batches = dict(snap)
 
     # ---------------------------------------------------------------- in checkpoints (a ``reasonrl.train.checkpoint.FilePart``)
+    def _file(self, where: Path) -> Path:
+        """This rank's file of the part ``where``: ``ahead.pt`` in one process, else
+        ``ahead-rank{r}-of-{world}.pt`` (each rank's share of the batches, generated by its own engine)."""
+        rank, world = self.ranks.rank, self.ranks.world
+        return where.with_suffix(".pt") if world == 1 else where.with_name(f"{where.name}-rank{rank}-of-{world}.pt")
+
     def save(self, where: Path) -> None:
-        """``where``.pt := the batches ahead, each waited for (so the checkpoint holds what they generate)."""
+        """This rank's file (:meth:`_file`) := its share of the batches ahead, each waited for (so the
+        checkpoint holds what they generate), with the number of ranks that wrote them."""
         rec = []
         for b in self.batches.values():
             outs = self._wait(b)
@@ -384,12 +427,19 @@ class AheadRounds(WholeRounds):
                         "ids": torch.tensor([t for c in flat for t in c[0]], dtype=torch.int64),
                         "logprobs": torch.tensor([x for c in flat for x in c[1]], dtype=torch.float64),  # (the engine's floats, exactly)
                         "finish": [c[2] for c in flat]})
-        torch.save({"batches": rec}, where.with_suffix(".pt"))
+        torch.save({"batches": rec, **({"world": self.ranks.world, "rank": self.ranks.rank} if self.ranks.world > 1 else {})}, self._file(where))
 
     def load(self, where: Path) -> None:
+        """This rank's share of the batches ahead, from its file; a checkpoint written by another
+        number of ranks is refused (each rank's share is its engine's)."""
         from reasonrl.errors import ReasonRLError
 
-        f = where.with_suffix(".pt")
+        f = self._file(where)
+        saved = self._saved_world(where)
+        if saved is not None and saved != self.ranks.world:
+            how = "one process (no torchrun)" if saved == 1 else f"torchrun --nproc_per_node {saved}"
+            raise ReasonRLError(f"{where.parent.name}'s batches generated ahead (--async-steps) were saved by {saved} process{'es' * (saved > 1)}, "
+                                f"this run has {self.ranks.world}: resume with {how}")
         if not f.is_file():
             raise ReasonRLError(f"{where.parent} holds no {f.name} (the batches generated ahead by --async-steps): "
                                 "resume from a checkpoint of this run, or start over with --overwrite")
@@ -406,6 +456,13 @@ class AheadRounds(WholeRounds):
                 at += n
             self.batches[int(r["step"])] = AheadBatch(int(r["step"]), int(r["start"]), [int(i) for i in r["row_ids"]], int(r["version"]), outs=outs,
                                                     gen_s=float(r["gen_s"]))
+
+    @staticmethod
+    def _saved_world(where: Path) -> int | None:
+        """How many ranks wrote the part ``where``, as its files' names say (``ahead.pt``: one; None:
+        no file)."""
+        worlds = {int(m.group(1)) for f in where.parent.glob(f"{where.name}-rank*-of-*.pt") if (m := re.search(r"-of-(\d+)\.pt$", f.name))}
+        return max(worlds) if worlds else 1 if where.with_suffix(".pt").is_file() else None
 
 
 class SegmentRounds(RoundSource):
@@ -503,7 +560,7 @@ class Collector:
         partial_len: S > 0: partial rollouts (``reasonrl.train.partial``), S tokens per response and
             round; 0: every response generated whole in one round.
         ahead: K > 0 (``train --async-steps K``): each step's first round generated K steps ahead
-            (:class:`AheadRounds`; ``engine`` an ``EngineProcess``); not with ``partial_len``.
+            (:class:`AheadRounds`; ``engine`` an ``EngineProcess``, this rank's own); not with ``partial_len``.
 
     The rounds' source (:attr:`source`) is the one difference: a :class:`WholeRounds`, an
     :class:`AheadRounds`, or a :class:`SegmentRounds` over its pool (:attr:`pool`; None without).

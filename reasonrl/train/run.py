@@ -38,6 +38,52 @@ def start_ranks(cfg: Any) -> tuple[int, int]:
     return init_distributed()
 
 
+#: A launcher's variables (torchrun's), unset in a rank's engine process: that process is a job of
+#: one, not a rank of the trainer's (vLLM would take the variables for its own launcher's).
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                 "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
+
+
+def engine_env(engine_gpus: str, *, world: int, local_rank: int = 0, local_world: int = 1, device: int | None = None,
+               visible: str | None = None) -> dict[str, str | None] | None:
+    """What a rank's engine process (``--async-steps``) changes of the trainer's environment (a value
+    None: unset; None: nothing).
+
+    One process: ``--engine-gpus`` as its CUDA_VISIBLE_DEVICES, else nothing (the trainer's GPUs,
+    shared). Several ranks (torchrun): every rank has an engine process of its own, a job of one
+    (:data:`LAUNCHER_VARS` unset), on a GPU of its own rank's: ``--engine-gpus`` lists one per process
+    of the node (``local_world``), local rank i's engine gets the i-th; by default the rank's own
+    (``device``, the trainer's current CUDA device among ``visible``, the trainer's
+    CUDA_VISIBLE_DEVICES), shared with its trainer, as the synchronous loop's engine is; on CPU
+    (``device`` None) no GPU is set."""
+    if world == 1:
+        return {"CUDA_VISIBLE_DEVICES": engine_gpus} if engine_gpus else None
+    env: dict[str, str | None] = dict.fromkeys(LAUNCHER_VARS)
+    if engine_gpus:
+        from reasonrl.errors import ReasonRLError
+
+        gpus = [g.strip() for g in engine_gpus.split(",")]
+        if len(gpus) != local_world or not all(gpus):
+            raise ReasonRLError(f"--engine-gpus {engine_gpus} under torchrun lists {len(gpus)} GPUs for the {local_world} processes of a node: list one "
+                                f"per process (local rank i's engine runs on the i-th), e.g. --engine-gpus {','.join(str(local_world + i) for i in range(local_world))}")
+        env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank]
+    elif device is not None:
+        ids = [g.strip() for g in visible.split(",")] if visible else []
+        env["CUDA_VISIBLE_DEVICES"] = ids[device] if device < len(ids) else str(device)
+    return env
+
+
+def rank_engine_env(cfg: Any, rank: int, world: int) -> dict[str, str | None] | None:
+    """:func:`engine_env` for this process (rank ``rank`` of ``world``; the launcher's LOCAL_RANK and
+    LOCAL_WORLD_SIZE, the current CUDA device)."""
+    import os
+
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    return engine_env(cfg.engine_gpus, world=world, local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+                      local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)), device=device, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
 def make_backend(cfg: Any, model: Any, lr: float, dtype: str, steps: int | None = None) -> Any:
     """The backend ``cfg.backend`` names for ``model`` (``cfg``: BackendOpts and ScheduleOpts plus the
     optimiser's ``weight_decay``, ``grad_clip``, and ``steps`` and ``micro_batch_size``); the LR
@@ -400,13 +446,13 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
     val_len = cfg.val_max_response_len or cfg.max_response_len
     engine_args = dict(seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0),
                        decode_steps=(cfg.steps - start) * cfg.max_response_len)
-    if cfg.async_steps:  # the engine in its own process; its weights' version: the policy of step 1, or of the step after the checkpoint's once synced below
+    if cfg.async_steps:  # the engine in its own process (one per rank); its weights' version: the policy of step 1, or of the step after the checkpoint's once synced below
         from reasonrl.engines.base import EngineOptions
         from reasonrl.engines.process import EngineProcess
 
         opts = EngineOptions(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EngineOptions)})
         engine = EngineProcess(opts, str(policy.base_dir), **engine_args, threads=cfg.engine_threads, cpus=cfg.engine_cpu_list(),
-                               version=start if ckpt else 1, env={"CUDA_VISIBLE_DEVICES": cfg.engine_gpus} if cfg.engine_gpus else None)
+                               version=start if ckpt else 1, env=rank_engine_env(cfg, rank, world))
     else:
         engine = make_engine(cfg, str(policy.base_dir), **engine_args)
     if ckpt:  # (a fresh adapter's B is 0: its merged weights are the base's, which the engine loaded)

@@ -188,3 +188,93 @@ def test_rounds_generated_ahead(tiny_model, tmp_path) -> None:
         ahead.restore(snap)
         assert _drawn(ahead.collect(2, step=3)) == a3
     sync_engine.close()
+
+
+class Submitting:
+    """An in-process engine behind ``EngineProcess``'s ``submit``/``result`` (generated at submit):
+    :class:`AheadRounds` with no child process, its tokens the engine's."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.done, self.n = engine, {}, 0
+
+    def submit(self, prompts, params):
+        self.n += 1
+        self.done[self.n] = self.engine.generate(prompts, params)
+        return self.n
+
+    def result(self, pending):
+        return self.done.pop(pending)
+
+
+def _ahead_steps(model_dir, ranks, ckpt) -> dict:
+    """Steps 1-3 of a collector with --async-steps 1 on ``ranks`` (checkpointed after step 2 in
+    ``ckpt``; a second collector resumed from it collects step 3 again), and step 4 with this rank's
+    batch ahead relabelled by ``ranks.rank`` versions."""
+    from reasonrl.engines.hf import HFEngine
+    from reasonrl.errors import ReasonRLError
+
+    engine = Submitting(HFEngine(str(model_dir), dtype="fp32", seed=0))
+    col = _toy_collector(model_dir, engine, ahead=1, ranks=ranks)
+    steps = [_drawn(col.collect(2, step=s)) for s in (1, 2)]
+    col.ahead.save(ckpt / "ahead")
+    again = _toy_collector(model_dir, engine, ahead=1, ranks=ranks)
+    again.load(col.state())
+    again.ahead.load(ckpt / "ahead")
+    steps.append(_drawn(col.collect(2, step=3)))
+    out = {"steps": steps, "resumed": _drawn(again.collect(2, step=3)), "state": col.state()}
+    col.ahead.batches[4].version += ranks.rank
+    try:
+        col.collect(2, step=4)
+    except ReasonRLError as e:
+        out["refused"] = str(e)
+    return out
+
+
+def _ahead_worker(rank: int, world: int, port: int, model_dir: str, ckpt: str, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    from pathlib import Path
+
+    from reasonrl.train.ranks import Ranks
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    out[rank] = _ahead_steps(model_dir, Ranks(rank, world), Path(ckpt))
+    dist.destroy_process_group()
+
+
+def test_two_ranks_generate_ahead_as_one_process(tiny_model, tmp_path) -> None:
+    """--async-steps 1 under torchrun (AheadRounds on 2 ranks, each with its own engine): every rank
+    draws the same prompts and generates its share, so the two ranks' batches together are one
+    process's, token for token (the log-probs to rounding), with the same versions; each rank saves its share (its own file) and
+    takes it back to collect the same next step; a checkpoint of 2 ranks is refused by 1 (one line
+    naming the fix), and ranks whose batches ahead differ in version refuse the step, both of them."""
+    import torch.multiprocessing as mp
+
+    from reasonrl.errors import ReasonRLError
+    from reasonrl.train.ranks import Ranks
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ckpt = tmp_path / "step_2"
+    ckpt.mkdir()
+    out = mp.Manager().dict()
+    mp.spawn(_ahead_worker, args=(2, port, str(tiny_model), str(ckpt), out), nprocs=2, join=True)
+    r0, r1 = out[0], out[1]
+    one = _ahead_steps(tiny_model, Ranks(), tmp_path)
+    for s in range(3):  # (one group per rank and step: 2 prompts)
+        assert len(r0["steps"][s]) == len(r1["steps"][s]) == 2
+        both, alone = sorted(r0["steps"][s] + r1["steps"][s]), sorted(one["steps"][s])
+        assert [x[:2] + x[3:] for x in both] == [x[:2] + x[3:] for x in alone], s  # (tokens, finish reasons, versions)
+        assert [x[2] for x in both] == [pytest.approx(x[2], rel=1e-5) for x in alone], s  # (a batch of 1 prompt, not 2: the last bits differ)
+    assert {v for x in one["steps"][2] for v in x[4]} == {2}  # (step 3's batch: sampled by step 2's policy)
+    assert r0["resumed"] == r0["steps"][2] and r1["resumed"] == r1["steps"][2]
+    assert r0["state"] == r1["state"] == one["state"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["ahead-rank0-of-2.pt", "ahead-rank1-of-2.pt"]
+    assert (tmp_path / "ahead.pt").is_file()  # (one process: the file it always wrote)
+    assert "refused" not in one and r0["refused"] == r1["refused"]
+    assert "step 4: the ranks disagree on its batch generated ahead" in r0["refused"] and "version 3; rank 1: " in r0["refused"] and r0["refused"].count("version 4") == 1
+    with pytest.raises(ReasonRLError, match=r"saved by 2 processes, this run has 1: resume with torchrun --nproc_per_node 2$") as e:
+        _toy_collector(tiny_model, None, ahead=1).ahead.load(ckpt / "ahead")
+    assert "\n" not in str(e.value)
