@@ -164,6 +164,7 @@ def test_rounds_generated_ahead(tiny_model, tmp_path) -> None:
     from reasonrl.engines.hf import HFEngine
     from reasonrl.engines.process import EngineProcess
 
+    torch.set_num_threads(1)  # the engine process's count: fp32 sums in the same order (put back after the test)
     torch.manual_seed(0)
     sync_engine = HFEngine(str(tiny_model), dtype="fp32", seed=0)
     new = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in sync_engine.model.state_dict().items()}
