@@ -96,10 +96,11 @@ def _run(run: Callable[[Any], Any], cfg: Any, verbose: bool) -> Any:
     """``run(cfg)`` as the CLI runs it: the libraries quiet unless ``verbose``, SIGTERM as the CLI
     handles it when this process holds it (``reasonrl.interrupts``); the caller's SIGINT and SIGTERM
     handlers are back afterwards, however it ended (a stopped stage leaves nothing ignored)."""
-    from reasonrl import console
+    from reasonrl import console, devices
     from reasonrl.interrupts import handlers_kept, sigterm_raises
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    devices.reproducible_blas()  # (no effect when this process has already run a matmul)
     if not verbose:
         console.quiet_libraries()
     with handlers_kept(), sigterm_raises():

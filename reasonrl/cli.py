@@ -19,7 +19,7 @@ from typing import Any, Callable, List, Optional
 
 import typer
 
-from reasonrl import console, cpu_share
+from reasonrl import console, cpu_share, devices
 from reasonrl.config import base_type, build_config, field_panel, load_recipe, parse_sets, recipe_layer, renamed_fields, sections
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import write_failure
@@ -198,6 +198,7 @@ def make_tiny_model(out: str = typer.Argument(..., help="Output directory"), see
 
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    devices.reproducible_blas()
     # vLLM's CPU backend lowers torch to 1 thread unless OMP_NUM_THREADS is set; the trainer shares
     # the process, so give it every core we may use (torchrun sets its own value per rank).
     os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))

@@ -12,6 +12,7 @@ from isolation import ProcessState
 from toyhelp import sft_answer_format, toy_rows
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # (as the CLI sets it: reasonrl.devices.reproducible_blas)
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -312,7 +312,9 @@ def test_a_resume_with_validation_is_the_same_run(prepared, tiny_model, tmp_path
     from clihelp import assert_same_run
 
     a, b = tmp_path / "a", tmp_path / "b"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # (MKL_CBWR left to the CLI: without it, on an AVX-512 AMD EPYC, step 3's critic forward differed
+    # in a last bit between the two processes: reasonrl.devices.reproducible_blas)
+    env = {**{k: v for k, v in os.environ.items() if k != "MKL_CBWR"}, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
     def train(out: Path, *extra: str) -> None:
         cmd = [sys.executable, "-m", "reasonrl.cli", "train", "--model", str(tiny_model), "--data", str(prepared), "--out", str(out),
