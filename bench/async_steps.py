@@ -3,8 +3,10 @@
     nice -n 10 .venv/bin/python bench/async_steps.py                      # SmolLM2-135M-Instruct, vLLM, 5 steps, each mode once
     nice -n 10 .venv/bin/python bench/async_steps.py --model tiny --engine hf --steps 3   # a smoke run
 
-The same `reasonrl train` run (DAPO on the addition chains, data/chains.jsonl through `prepare-data`)
-four ways, one after the other, each in its own process:
+The same `reasonrl train` run (DAPO on the main job's addition chains, data/chains.jsonl through
+`prepare-data` with stages/prepare-data-cpu.toml; dynamic sampling off, so that every step trains
+its whole batch: a step whose groups were all filtered out would have no update to hide generation
+behind) four ways, one after the other, each in its own process:
 
 - (a) synchronous, both cores: engine and trainer in one process, torch's threads (one per core);
 - (a1) synchronous, one thread (OMP_NUM_THREADS=1): the same work done sequentially;
@@ -71,10 +73,11 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     data = work / "data"
     if not (data / "manifest.json").is_file():
-        _cli("prepare-data", ROOT / "data" / "chains.jsonl", "--out", data, "--val-size", "8", "--overwrite", env=env)
+        _cli("prepare-data", ROOT / "data" / "chains.jsonl", "--config", ROOT / "stages" / "prepare-data-cpu.toml", "--out", data,
+             "--val-size", "8", "--overwrite", env=env)
     common = ["train", "--algo", "dapo", "--model", model, "--data", data, "--engine", a.engine, "--steps", a.steps,
               "--prompts-per-step", a.prompts_per_step, "--group-size", a.group_size, "--max-response-len", a.max_response_len,
-              "--mini-batch-size", a.prompts_per_step * a.group_size, "--micro-batch-size", a.group_size, "--max-gen-rounds", "1",
+              "--mini-batch-size", a.prompts_per_step * a.group_size, "--micro-batch-size", a.group_size, "--max-gen-rounds", "1", "--no-dynamic-sampling",
               "--lr", "1e-6", "--seed", "0", "--overwrite", "--quiet", "--report-to", "none"]
     if a.engine == "vllm":
         common += ["--kv-cache-gib", "0.5"]
