@@ -6,20 +6,22 @@
 The same `reasonrl train` run (DAPO on the main job's addition chains, data/chains.jsonl through
 `prepare-data` with stages/prepare-data-cpu.toml; dynamic sampling off, so that every step trains
 its whole batch: a step whose groups were all filtered out would have no update to hide generation
-behind) four ways, one after the other, each in its own process:
+behind) five ways, one after the other, each in its own process:
 
 - (a) synchronous, both cores: engine and trainer in one process, torch's threads (one per core);
 - (a1) synchronous, one thread (OMP_NUM_THREADS=1): the same work done sequentially;
 - (b) one step off: `--async-steps 1 --engine-cpus 1 --engine-threads 1`, the engine's process on
   core 1, the trainer pinned to core 0 (`taskset -c 0`, one thread);
 - (b2) one step off as a user gets it without options: `--async-steps 1`, nothing pinned, the
-  engine's process and the trainer each with torch's threads (they share both cores).
+  engine's process and the trainer each with half of torch's threads (the default since 2026-12-05);
+- (b3) `--async-steps 1 --engine-threads N` with N all of the cores: each process with every core
+  (the default before), twice as many threads as cores.
 
 Reported per mode: the wall time of the steps after the first (the first step of (b) generates its
 batch unhidden, as a synchronous step does: the steady state is steps 2..N, the sum of
 ``perf/step_s``), the whole command's wall time, and (b)'s time waiting for its batch
 (``perf/ahead_wait_s``): 0 means generation was entirely hidden behind training. Speedup =
-(a)'s steps / (b)'s steps (and (b2)'s). The machine is shared: the load average (``os.getloadavg``) is printed
+(a)'s steps / (b)'s steps (and (b2)'s, (b3)'s). The machine is shared: the load average (``os.getloadavg``) is printed
 beside each mode; figures are as measured. Results go to ``--out`` (JSON) as well.
 """
 
@@ -63,7 +65,7 @@ def main() -> None:
     ap.add_argument("--prompts-per-step", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-response-len", type=int, default=64)
-    ap.add_argument("--modes", default="a,a1,b,b2", help="which of a, a1, b, b2 to run, in that order")
+    ap.add_argument("--modes", default="a,a1,b,b2,b3", help="which of a, a1, b, b2, b3 to run, in that order")
     ap.add_argument("--work", default=None, help="directory for the runs (default: a temporary one)")
     ap.add_argument("--out", default=None, help="write the results here (JSON)")
     a = ap.parse_args()
@@ -86,7 +88,8 @@ def main() -> None:
         "a1": ("synchronous, 1 thread", [], {"OMP_NUM_THREADS": "1"}, []),
         "b": ("--async-steps 1: engine on core 1, trainer on core 0", ["--async-steps", "1", "--engine-cpus", "1", "--engine-threads", "1"],
               {"OMP_NUM_THREADS": "1"}, ["taskset", "-c", "0"]),
-        "b2": ("--async-steps 1, nothing pinned: each process torch's threads", ["--async-steps", "1"], {}, []),
+        "b2": ("--async-steps 1, nothing pinned (the default: each process half of the threads)", ["--async-steps", "1"], {}, []),
+        "b3": ("--async-steps 1, nothing pinned, each process every core's thread", ["--async-steps", "1", "--engine-threads", str(len(os.sched_getaffinity(0)))], {}, []),
     }
     results = {}
     for name in a.modes.split(","):
@@ -102,11 +105,12 @@ def main() -> None:
                          "load": [round(load0, 1), round(os.getloadavg()[0], 1)]}
         print(f"({name}) {what}: steps 2..{a.steps} {steady:.1f} s, step 1 {m[0]['perf/step_s']:.1f} s, command {wall:.1f} s"
               + (f", waited for the batch {waits} s" if name.startswith("b") else "") + f" (load {load0:.1f} → {os.getloadavg()[0]:.1f})", flush=True)
-    for b in ("b", "b2"):
+    for b in ("b", "b2", "b3"):
         for ref in ("a", "a1"):
             if b in results and ref in results:
                 print(f"speedup ({b}) vs ({ref}), steps 2..{a.steps}: {results[ref]['steps_2_to_n_s'] / results[b]['steps_2_to_n_s']:.2f}×")
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"args": vars(a), "results": results}, indent=2) + "\n")
 
 

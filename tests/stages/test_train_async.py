@@ -56,6 +56,22 @@ def test_async_steps_train_one_step_off_and_resume_exactly(prepared, format_mode
     assert_same_run(full, out)
 
 
+def test_async_steps_share_the_cpu_out_by_default(prepared, format_model, tmp_path):
+    """On a CPU, with neither --engine-threads nor --engine-cpus, the engine process and the trainer
+    each take half of torch's threads (both at all of them ran 2.3× slower than one each on 2 cores:
+    bench/async_steps.py); config.json says what ran, and torch's count is back after the run."""
+    torch.set_num_threads(2)  # (put back after the test: tests/conftest.py)
+    out = tmp_path / "split"
+    r = run_cli("train", "--model", format_model, "--data", prepared, "--steps", "1", "--async-steps", "1", *SMALL, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "config.json").read_text())["threads_resolved"] == {"trainer": 1, "engine": 1}
+    assert torch.get_num_threads() == 2
+    r = run_cli("train", "--model", format_model, "--data", prepared, "--steps", "1", "--async-steps", "1", "--engine-threads", "2", *SMALL,
+                "--out", tmp_path / "chosen")
+    assert r.exit_code == 0, r.output
+    assert "threads_resolved" not in json.loads((tmp_path / "chosen" / "config.json").read_text())
+
+
 def test_async_steps_refuse_what_they_do_not_support(prepared, format_model, tmp_path):
     base = ["train", "--model", format_model, "--data", prepared, "--out", tmp_path / "x", "--steps", "1", *SMALL]
     r = run_cli(*base, "--async-steps", "1", "--partial-rollout-len", "2", "--max-gen-rounds", "4")
