@@ -22,8 +22,9 @@ def reproducible_blas() -> None:
     lies in memory (``MKL_CBWR=AUTO,STRICT``; a user's own ``MKL_CBWR`` is kept). Without it, on
     an AVX-512 AMD EPYC, the same fp32 critic forward on the same weights and tokens differed in its
     last bit between an uninterrupted run and one resumed from a checkpoint, so a resumed run was
-    not the same run. MKL reads the variable at its first call, so this runs before any matmul; it
-    reaches the processes a stage starts (engine processes, torchrun ranks) through the environment.
+    not the same run. MKL reads the variable at its first call, so this runs before any matmul; the
+    processes a stage starts (engine processes, scorer workers) inherit it through the environment,
+    and each torchrun rank, a CLI process, sets it itself.
     Side by side, GEMMs of SmolLM2-135M's shapes ran as fast with it as without (±3%)."""
     import os
 

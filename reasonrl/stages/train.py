@@ -67,7 +67,7 @@ class TrainConfig(BackendOpts, LoraOpts, ModelOpts, OptimOpts, RolloutOpts, Sche
     skip_solved_epochs: int = opt(0, "Drop a prompt for the rest of the run once every sample of it was correct in this many visits in a row (0 = never); kept in checkpoints.")
     partial_rollout_len: int = opt(0, "Partial rollouts (Kimi k1.5 §2.6.2, slime): generate S tokens per response and round, and carry a response still going when the batch is full into the next step (sampled on by the policies of the steps that follow, over L_max/S steps or more; its per-token sampling log-probs and policy versions are kept: stale tokens are corrected by default, --stale-correction, --max-staleness), so no step waits for its longest response. Must divide max_response_len; 0 = off (each response whole within its step). See docs/performance.md.")
     async_steps: int = opt(0, "One-step-off asynchronous training: the engine runs in its own process and generates the first round of step t+K while step t trains (its tokens sampled by a policy up to K versions old: corrected by default as stale tokens, --stale-correction); the batches in flight are part of every checkpoint, so --resume gives the same run. 0 = the synchronous loop. Under torchrun every rank runs an engine process of its own and generates its share of the same prompts; the ranks agree on each batch and its version. Not with --partial-rollout-len, --engine-tp > 1 or --engine-sleep. See docs/performance.md.")
-    engine_threads: int | None = opt(None, "With --async-steps: torch threads of the engine's process (default on a CPU, one process: half of torch's, the trainer keeping the rest; else torch's).")
+    engine_threads: int | None = opt(None, "With --async-steps: torch threads of the engine's process (default: one per --engine-cpus core; without it, on a CPU in one process, half of torch's, the trainer keeping the rest; else torch's).")
     engine_cpus: str = opt("", "With --async-steps: the cores the engine's process runs on, e.g. '1' or '0-3,8' (default: the trainer's); pin the trainer to the others with taskset.")
     engine_gpus: str = opt("", "With --async-steps: the GPUs the engine's process sees (its CUDA_VISIBLE_DEVICES, e.g. '1'; default: the trainer's, shared), so that generation and training run on GPUs of their own. Under torchrun: one GPU per process of a node, local rank i's engine on the i-th (e.g. '2,3' with --nproc_per_node 2; default: each rank's own GPU, shared).")
     keep_rollouts: bool = opt(False, "Write each step's rollouts to out/rollouts/step_N.parquet.")
@@ -397,8 +397,13 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     console = console or Console(stderr=True)
     inp = check_inputs(cfg, console, progress)
     progress.phase = "setup"
-    run = build_run(cfg, spec=inp.spec, policy=inp.policy, critic_dir=inp.critic, tokenizer=inp.tokenizer, rows=inp.rows, val_rows=inp.val_rows,
-                    ranks=Ranks(inp.rank, inp.world), resumed=inp.resumed, settings=inp.settings, console=console)
+    threads = torch.get_num_threads()
+    try:
+        run = build_run(cfg, spec=inp.spec, policy=inp.policy, critic_dir=inp.critic, tokenizer=inp.tokenizer, rows=inp.rows, val_rows=inp.val_rows,
+                        ranks=Ranks(inp.rank, inp.world), resumed=inp.resumed, settings=inp.settings, console=console)
+    except BaseException:
+        torch.set_num_threads(threads)  # (a setup that failed after lowering it: --async-steps on a CPU)
+        raise
     val, history, bad_steps, last = run.validation, [], 0, run.start
 
     def checkpoint(step: int, written: bool) -> None:

@@ -406,12 +406,12 @@ class Run:
             write_rollouts(self.out / "rollouts" / f"step_{step}.parquet", res.samples, step=step)
 
     def close(self) -> None:
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
         self.display.stop()
         self.runlog.close()
         self.scorer.close()
         self.engine.close()
-        if self.threads_before is not None:
-            torch.set_num_threads(self.threads_before)
 
 
 def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, tokenizer: Any, rows: list[dict[str, Any]],
@@ -448,6 +448,7 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
     stream = DataStream(rows, cfg.seed, skip_solved=cfg.skip_solved_epochs)
     val_len = cfg.val_max_response_len or cfg.max_response_len
     threads_before = None  # (torch's thread count, when the run lowers it: put back at its end)
+    engine_threads = cfg.engine_threads
     engine_args = dict(seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0),
                        decode_steps=(cfg.steps - start) * cfg.max_response_len)
     if cfg.async_steps:  # the engine in its own process (one per rank); its weights' version: the policy of step 1, or of the step after the checkpoint's once synced below
@@ -455,8 +456,9 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
         from reasonrl.engines.process import EngineProcess
 
         opts = EngineOptions(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EngineOptions)})
-        engine_threads = cfg.engine_threads
-        if engine_threads is None and not cfg.engine_cpus and device == "cpu" and world == 1 and torch.get_num_threads() > 1:
+        if engine_threads is None and cfg.engine_cpus:  # (one thread per core it is given, not every core's on those)
+            engine_threads = len(cfg.engine_cpu_list())
+        elif engine_threads is None and device == "cpu" and world == 1 and torch.get_num_threads() > 1:
             from reasonrl.cpu_share import split_threads  # (the cores shared out: each process half, not both all)
 
             threads_before = torch.get_num_threads()
@@ -494,10 +496,10 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
     if rank == 0:
         write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name,
                                          "engine_compiled": engine_compiled(engine), "world_size": world,
-                                         **({"threads_resolved": {"trainer": torch.get_num_threads(), "engine": engine_threads}} if threads_before else {})})
+                                         **({"threads_resolved": {"trainer": torch.get_num_threads(), "engine": engine_threads}} if threads_before is not None else {})})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy.base_dir} | engine {engine_label(engine)} | backend {cfg.backend} ×{world} | {dtype} | "
                       f"{len(rows)} prompts" + policy.trainable(model)
-                      + (f" | threads: trainer {torch.get_num_threads()}, engine {engine_threads} (--engine-threads)" if threads_before else ""))
+                      + (f" | threads: trainer {torch.get_num_threads()}, engine {engine_threads} (--engine-threads)" if threads_before is not None else ""))
     run.bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
     run.runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank,
                         then="the run stops: free space (or fix the cause), then continue from its last checkpoint with --resume")

@@ -56,16 +56,21 @@ def test_async_steps_train_one_step_off_and_resume_exactly(prepared, format_mode
     assert_same_run(full, out)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the split is for a CPU's threads")
 def test_async_steps_share_the_cpu_out_by_default(prepared, format_model, tmp_path):
     """On a CPU, with neither --engine-threads nor --engine-cpus, the engine process and the trainer
     each take half of torch's threads (both at all of them ran 2.3× slower than one each on 2 cores:
     bench/async_steps.py); config.json says what ran, and torch's count is back after the run."""
     torch.set_num_threads(2)  # (put back after the test: tests/conftest.py)
-    out = tmp_path / "split"
-    r = run_cli("train", "--model", format_model, "--data", prepared, "--steps", "1", "--async-steps", "1", *SMALL, "--out", out)
+    out, args = tmp_path / "split", ["train", "--model", format_model, "--data", prepared, "--steps", "2", "--save-every", "1", "--async-steps", "1", *SMALL]
+    r = run_cli(*args, "--out", out)
     assert r.exit_code == 0, r.output
     assert json.loads((out / "config.json").read_text())["threads_resolved"] == {"trainer": 1, "engine": 1}
     assert torch.get_num_threads() == 2
+    crashed_copy(out, tmp_path / "resumed", step=1, steps=2)  # (resumed under the same split: the same run)
+    r = run_cli(*args, "--out", tmp_path / "resumed", "--resume")
+    assert r.exit_code == 0, r.output
+    assert_same_run(out, tmp_path / "resumed")
     r = run_cli("train", "--model", format_model, "--data", prepared, "--steps", "1", "--async-steps", "1", "--engine-threads", "2", *SMALL,
                 "--out", tmp_path / "chosen")
     assert r.exit_code == 0, r.output
