@@ -197,6 +197,12 @@ def make_tiny_model(out: str = typer.Argument(..., help="Output directory"), see
 
 
 def main() -> None:
+    # SIGTERM (a scheduler's stop) unwinds a stage like Ctrl-C: `finally` blocks run, one line, exit 143
+    # (one that comes earlier is held until the stage starts: typer would turn it into a silent exit 130).
+    # Installed first: before it, a SIGTERM ends the interpreter by the signal (-15, nothing written yet).
+    from reasonrl.interrupts import exit_line, hold_sigterm
+
+    hold_sigterm()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     devices.reproducible_blas()
     # vLLM's CPU backend lowers torch to 1 thread unless OMP_NUM_THREADS is set; the trainer shares
@@ -215,11 +221,6 @@ def main() -> None:
     # any of them is imported, since several read their switches at import time.
     if not console.wants_verbose(sys.argv[1:]):
         console.quiet_libraries()
-    # SIGTERM (a scheduler's stop) unwinds a stage like Ctrl-C: `finally` blocks run, one line, exit 143
-    # (one that comes earlier is held until the stage starts: typer would turn it into a silent exit 130).
-    from reasonrl.interrupts import exit_line, hold_sigterm
-
-    hold_sigterm()
     try:
         _register()  # (imports torch: seconds)
         app()
