@@ -79,16 +79,39 @@ def _lines(out: Path) -> int:
         return 0
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _claimed(out: Path, pid: int) -> bool:
+    """Whether the process ``pid`` holds the run directory ``out`` (its lock file names it)."""
+    try:
+        return json.loads((out / ".reasonrl.lock").read_text()).get("pid") == pid
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _kill_when(p: subprocess.Popen, out: Path, *, at_checkpoint: bool, after_lines: int = 0, extra_s: float = 0.0, sig: int = signal.SIGKILL,
                after_checkpoint: int | None = None) -> str:
     """Send ``sig`` to ``p`` as soon as a checkpoint is being written (``at_checkpoint``), or ``extra_s``
     seconds after metrics.jsonl reached ``after_lines`` lines (a random moment inside the next step:
     generation, scoring, update, sync or checkpoint) or, with ``after_checkpoint``, after ``latest``
-    reached that step; and wait for it; returns what was happening, or "finished"."""
-    reached = None
+    reached that step; and wait for it; returns what was happening, or "finished".
+
+    A checkpoint's temporary directory left by a killed launch is not a write in progress. A SIGTERM
+    is sent once the command holds its run directory (the lock names its PID): a killed launch can
+    leave metrics.jsonl with lines past its checkpoint (the resumed run drops them), which made the
+    moment "reached" at once, and a SIGTERM in the interpreter's first tenths of a second, before the
+    CLI's handler exists, ends it as it ends any program that has not started (-15, nothing written)."""
+    reached, launched = None, time.time() - 0.05
     while p.poll() is None:
-        writing = list((out / "checkpoints").glob(".step_*.tmp")) if (out / "checkpoints").is_dir() else []
-        if reached is None and (_lines(out) >= after_lines if after_checkpoint is None else _done_steps(out) >= after_checkpoint):
+        writing = [d for d in (out / "checkpoints").glob(".step_*.tmp") if _mtime(d) >= launched] if (out / "checkpoints").is_dir() else []
+        up = _claimed(out, p.pid)
+        if reached is None and (up or sig == signal.SIGKILL) and (_lines(out) >= after_lines if after_checkpoint is None
+                                                                   else _done_steps(out) >= after_checkpoint):
             reached = time.monotonic()
         if (at_checkpoint and writing) or (not at_checkpoint and reached is not None and time.monotonic() - reached >= extra_s):
             p.send_signal(sig)
