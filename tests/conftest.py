@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from isolation import ProcessState
+from reasonrl.devices import reproducible_blas
 from toyhelp import sft_answer_format, toy_rows
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # (as the CLI sets it: reasonrl.devices.reproducible_blas)
+reproducible_blas()  # (as the CLI does)
 ROOT = Path(__file__).resolve().parent.parent
 
 

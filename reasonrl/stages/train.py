@@ -385,6 +385,11 @@ def check_inputs(cfg: TrainConfig, console: Any, progress: TrainProgress) -> Tra
     return TrainInputs(spec, rows, val_rows, policy, cdir, rated, reward, settings, rank, world, tok, run, resumed)
 
 
+def _put_back_threads(n: int) -> None:
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -> dict[str, Any]:
     from rich.console import Console
 
@@ -397,12 +402,12 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     console = console or Console(stderr=True)
     inp = check_inputs(cfg, console, progress)
     progress.phase = "setup"
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads()  # (build_run lowers it for --async-steps on a CPU: put back however the run ends)
     try:
         run = build_run(cfg, spec=inp.spec, policy=inp.policy, critic_dir=inp.critic, tokenizer=inp.tokenizer, rows=inp.rows, val_rows=inp.val_rows,
                         ranks=Ranks(inp.rank, inp.world), resumed=inp.resumed, settings=inp.settings, console=console)
     except BaseException:
-        torch.set_num_threads(threads)  # (a setup that failed after lowering it: --async-steps on a CPU)
+        _put_back_threads(threads)
         raise
     val, history, bad_steps, last = run.validation, [], 0, run.start
 
@@ -458,6 +463,7 @@ def _train(cfg: TrainConfig, console: Any, progress: TrainProgress, stop: Any) -
     finally:
         stop.closing()  # (signals are ignored from here on: closing, then the one line or the final outputs)
         run.close()
+        _put_back_threads(threads)
     if stop.signum and progress.finished < cfg.steps:  # (a stop agreed at the last step's end: the run just finishes)
         raise Interrupted(stop.signum, stop_message(cfg, stop.signum, progress), quiet=inp.rank != 0)
     progress.phase = "final"

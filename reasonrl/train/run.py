@@ -340,7 +340,6 @@ class Run:
     bar: Any
     runlog: Any
     start: int = 0
-    threads_before: int | None = None  # torch's thread count before the trainer took its share of the cores (--async-steps on a CPU)
 
     def parts(self) -> Parts:
         """The run's stateful parts by name, as its checkpoints hold them (``reasonrl.train.checkpoint``):
@@ -406,8 +405,6 @@ class Run:
             write_rollouts(self.out / "rollouts" / f"step_{step}.parquet", res.samples, step=step)
 
     def close(self) -> None:
-        if self.threads_before is not None:
-            torch.set_num_threads(self.threads_before)
         self.display.stop()
         self.runlog.close()
         self.scorer.close()
@@ -447,7 +444,7 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
     policy_backend = make_backend(cfg, model, cfg.lr, dtype)
     stream = DataStream(rows, cfg.seed, skip_solved=cfg.skip_solved_epochs)
     val_len = cfg.val_max_response_len or cfg.max_response_len
-    threads_before = None  # (torch's thread count, when the run lowers it: put back at its end)
+    split = False  # (the trainer lowered torch's thread count, its share of the cores: the caller puts it back)
     engine_threads = cfg.engine_threads
     engine_args = dict(seed=cfg.seed, max_model_len=cfg.max_prompt_len + max(cfg.max_response_len, val_len if cfg.val_every else 0),
                        decode_steps=(cfg.steps - start) * cfg.max_response_len)
@@ -461,9 +458,9 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
         elif engine_threads is None and device == "cpu" and world == 1 and torch.get_num_threads() > 1:
             from reasonrl.cpu_share import split_threads  # (the cores shared out: each process half, not both all)
 
-            threads_before = torch.get_num_threads()
-            engine_threads, trainer_threads = split_threads(threads_before)
+            engine_threads, trainer_threads = split_threads(torch.get_num_threads())
             torch.set_num_threads(trainer_threads)
+            split = True
         engine = EngineProcess(opts, str(policy.base_dir), **engine_args, threads=engine_threads, cpus=cfg.engine_cpu_list(),
                                version=start if ckpt else 1, env=rank_engine_env(cfg, rank, world))
     else:
@@ -488,7 +485,7 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
         validation = Validation(validator, best, every=cfg.val_every, steps=cfg.steps, out=out, ranks=ranks, display=display,
                                 policy_backend=policy_backend, tokenizer=tokenizer, engine=engine)
     run = Run(cfg, spec, out, ranks, tokenizer, policy, policy_backend, critic_backend, ref, engine, scorer, stream, collector, learner,
-              validation, best, perf, display, bar=None, runlog=None, start=start, threads_before=threads_before)
+              validation, best, perf, display, bar=None, runlog=None, start=start)
     if resumed is not None:
         load_checkpoint(resumed, run.parts())  # (torch's RNG as the checkpoint left it, after everything the setup draws, e.g. measuring the peak FLOP/s)
         if validation is not None:
@@ -496,10 +493,10 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
     if rank == 0:
         write_json(out / "config.json", {**settings, "resolved_algo": dataclasses.asdict(spec), "dtype_resolved": dtype, "engine_resolved": engine.name,
                                          "engine_compiled": engine_compiled(engine), "world_size": world,
-                                         **({"threads_resolved": {"trainer": torch.get_num_threads(), "engine": engine_threads}} if threads_before is not None else {})})
+                                         **({"threads_resolved": {"trainer": torch.get_num_threads(), "engine": engine_threads}} if split else {})})
         console.print(f"[bold]train[/] --algo {cfg.algo} on {policy.base_dir} | engine {engine_label(engine)} | backend {cfg.backend} ×{world} | {dtype} | "
                       f"{len(rows)} prompts" + policy.trainable(model)
-                      + (f" | threads: trainer {torch.get_num_threads()}, engine {engine_threads} (--engine-threads)" if threads_before is not None else ""))
+                      + (f" | threads: trainer {torch.get_num_threads()}, engine {engine_threads} (--engine-threads)" if split else ""))
     run.bar = display.bar(f"train --algo {cfg.algo}", cfg.steps, unit="steps", completed=start)
     run.runlog = RunLog(out, cfg.report_to, name=str(out), config=to_dict(cfg), start_step=start, rank=rank,
                         then="the run stops: free space (or fix the cause), then continue from its last checkpoint with --resume")
