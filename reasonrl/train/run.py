@@ -74,14 +74,46 @@ def engine_env(engine_gpus: str, *, world: int, local_rank: int = 0, local_world
     return env
 
 
+def engine_cpus(cpus: list[int] | None, *, world: int, local_rank: int = 0, local_world: int = 1) -> list[int] | None:
+    """The cores a rank's engine process (``--async-steps``) is pinned to, of ``cpus`` (``--engine-cpus``;
+    None: not pinned). One process: all of them. Several ranks (torchrun): ``cpus`` shared out in equal
+    runs among the ``local_world`` processes of a node, in the order given; local rank i's engine gets
+    the i-th (``--engine-cpus 2-5`` with ``--nproc_per_node 2``: rank 0's engine on 2-3, rank 1's on
+    4-5), so no two engines of a node spin on the same cores."""
+    if cpus is None or world == 1:
+        return cpus
+    if len(cpus) % local_world or len(set(cpus)) != len(cpus):
+        from reasonrl.errors import ReasonRLError
+
+        share = max(1, len(cpus) // local_world)
+        raise ReasonRLError(f"--engine-cpus under torchrun lists {len(cpus)} cores for the {local_world} processes of a node: list a multiple of "
+                            f"{local_world}, each core once (local rank i's engine runs on the i-th equal part), e.g. --engine-cpus "
+                            f"{cpus[0]}-{cpus[0] + share * local_world - 1}")
+    share = len(cpus) // local_world
+    return cpus[local_rank * share:(local_rank + 1) * share]
+
+
+def _local(rank: int, world: int) -> tuple[int, int]:
+    """This process's LOCAL_RANK and LOCAL_WORLD_SIZE (the launcher's; else its rank and the world)."""
+    import os
+
+    return int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def rank_engine_cpus(cfg: Any, rank: int, world: int) -> list[int] | None:
+    """:func:`engine_cpus` for this process (rank ``rank`` of ``world``)."""
+    local_rank, local_world = _local(rank, world)
+    return engine_cpus(cfg.engine_cpu_list(), world=world, local_rank=local_rank, local_world=local_world)
+
+
 def rank_engine_env(cfg: Any, rank: int, world: int) -> dict[str, str | None] | None:
     """:func:`engine_env` for this process (rank ``rank`` of ``world``; the launcher's LOCAL_RANK and
     LOCAL_WORLD_SIZE, the current CUDA device)."""
     import os
 
     device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    return engine_env(cfg.engine_gpus, world=world, local_rank=int(os.environ.get("LOCAL_RANK", rank)),
-                      local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)), device=device, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    local_rank, local_world = _local(rank, world)
+    return engine_env(cfg.engine_gpus, world=world, local_rank=local_rank, local_world=local_world, device=device, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def make_backend(cfg: Any, model: Any, lr: float, dtype: str, steps: int | None = None) -> Any:
@@ -453,15 +485,16 @@ def build_run(cfg: Any, *, spec: Any, policy: Policy, critic_dir: Path | None, t
         from reasonrl.engines.process import EngineProcess
 
         opts = EngineOptions(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(EngineOptions)})
-        if engine_threads is None and cfg.engine_cpus:  # (one thread per core it is given, not every core's on those)
-            engine_threads = len(cfg.engine_cpu_list())
+        cpus = rank_engine_cpus(cfg, rank, world)
+        if engine_threads is None and cpus:  # (one thread per core it is given, not every core's on those)
+            engine_threads = len(cpus)
         elif engine_threads is None and device == "cpu" and world == 1 and torch.get_num_threads() > 1:
             from reasonrl.cpu_share import split_threads  # (the cores shared out: each process half, not both all)
 
             engine_threads, trainer_threads = split_threads(torch.get_num_threads())
             torch.set_num_threads(trainer_threads)
             split = True
-        engine = EngineProcess(opts, str(policy.base_dir), **engine_args, threads=engine_threads, cpus=cfg.engine_cpu_list(),
+        engine = EngineProcess(opts, str(policy.base_dir), **engine_args, threads=engine_threads, cpus=cpus,
                                version=start if ckpt else 1, env=rank_engine_env(cfg, rank, world))
     else:
         engine = make_engine(cfg, str(policy.base_dir), **engine_args)

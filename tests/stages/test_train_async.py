@@ -108,8 +108,12 @@ def _torchrun(*args, nproc: int = 2) -> subprocess.CompletedProcess:
 
 
 def _ranks_args(prepared, format_model) -> list:
+    """(With --engine-cpus listing two of this machine's cores where it has two: each rank's engine
+    pinned to one of them, its share.)"""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    pin = ["--engine-cpus", ",".join(map(str, cores))] if len(cores) == 2 else []
     return ["train", "--backend", "deepspeed", "--zero", "2", "--model", format_model, "--data", prepared, "--steps", "4", "--async-steps", "1",
-            "--engine-threads", "1", *SMALL]
+            "--engine-threads", "1", *pin, *SMALL]
 
 
 @pytest.fixture(scope="module")
