@@ -136,10 +136,11 @@ def die_with_driver() -> Any:
 def child_env(n: int, environ: Any, cores: int) -> dict[str, str]:
     """The runs' environment: ``n`` > 1 runs side by side share the ``cores`` the driver may use, so
     each gets ``cores // n`` OpenMP threads (at least 1) and they yield (``reasonrl.cpu_share``),
-    unless the user chose them (``$OMP_NUM_THREADS``, ``$REASONRL_CPU_WAIT``). Each at every core
-    (``train``'s default) put n times as many threads as cores: on 2 cores, 2 runs of the entropy
-    ladder at 2 threads each took 43-62 s a step against 14-21 s for one run alone, fewer steps an
-    hour in all than one run at a time."""
+    unless the user chose them (``$OMP_NUM_THREADS``, ``$REASONRL_CPU_WAIT``): each at every core
+    (``train``'s default) would put n times as many threads as cores. (Measured on 2 cores, the
+    entropy ladder: 2 runs side by side trained ~200-220 tokens/s each at 1 thread and at 2, against
+    330-350 for one run alone, about the same steps an hour in all: on 2 cores ``--jobs 2`` buys no
+    speed.)"""
     if n <= 1:
         return {**environ}
     share = {"OMP_NUM_THREADS": str(max(1, cores // n)), cpu_share.ENV: "yield"}
