@@ -71,8 +71,9 @@ def run_curves(run: Path) -> dict[str, Any]:
 
 
 def val_change(runs: list[Path]) -> dict[str, Any] | None:
+    """Last validation − step 0's, paired by seed and problem, with the crossed interval (over the
+    finished runs while there are some)."""
     runs = [r for r in runs if (r / "manifest.json").is_file()] or runs
-    """Last validation − step 0's, paired by seed and problem, with the crossed interval."""
     from reasonrl.evaluation.scores import bootstrap_ci, crossed_mean_ci
 
     diffs = []
@@ -111,6 +112,9 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
            "common_last_step": common,
            "length_first": at(1, "length"), "length_last": at(common, "length") if common else None,
            "steps_share_first": at(1, "steps_share"), "steps_share_last": at(common, "steps_share") if common else None,
+           "entropy_first": _mean([next((r["entropy"] for r in c["steps"] if r["entropy"] is not None), None) for c in full]),  # (a step with no update has none)
+           "entropy_last": at(common, "entropy") if common else None,
+           "entropy_min": _mean([min((r["entropy"] for r in c["steps"] if r["entropy"] is not None), default=None) for c in full]),
            "val_length_first": _mean([c["validation"][0]["length"] for c in full if c["validation"]]),
            "val_length_last": _mean([c["validation"][-1]["length"] for c in full if c["validation"]]),
            "val_acc_first": first_val, "val_acc_last": last_val, "val_change": val_change(runs),
