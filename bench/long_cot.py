@@ -133,10 +133,14 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [("length", "response length (tokens)"), ("steps_share", "share writing the steps"), ("acc", "training accuracy"),
-              ("entropy", "entropy (nats/token)"), ("length_right", "length of right responses"), ("length_wrong", "length of wrong responses")]
+              ("entropy", "entropy (nats/token, log scale)"), ("length_right", "length of right responses"), ("length_wrong", "length of wrong responses")]
     fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
     axes = axes.ravel()
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # The thick line: the mean over the seeds every rung has (a rung's mean over other seeds than its
+    # neighbours' would compare seeds, not rungs, where the seeds go different ways).
+    common = sorted(set.intersection(*(set(k for k, v in r["seeds"].items() if v["steps"]) for r in doc["rungs"].values())) if doc["rungs"] else set(),
+                    key=lambda k: int(k.split("-")[1]))
     for i, (rung, r) in enumerate(doc["rungs"].items()):
         c = colours[i % len(colours)]
         for j, (key, title) in enumerate(panels):
@@ -145,10 +149,13 @@ def plot(doc: dict[str, Any], path: Path) -> None:
                 xs = [x["step"] for x in seed["steps"] if x.get(key) is not None]
                 ys = [x[key] for x in seed["steps"] if x.get(key) is not None]
                 ax.plot(xs, ys, color=c, alpha=0.25, lw=0.8)
-            steps = sorted({x["step"] for s in r["seeds"].values() for x in s["steps"]})
-            mean = [(_mean([next((x[key] for x in s["steps"] if x["step"] == st), None) for s in r["seeds"].values()])) for st in steps]
+            both = [r["seeds"][k] for k in common]
+            steps = sorted({x["step"] for s in both for x in s["steps"]})
+            mean = [(_mean([next((x[key] for x in s["steps"] if x["step"] == st), None) for s in both])) for st in steps]
             ax.plot([s for s, m in zip(steps, mean) if m is not None], [m for m in mean if m is not None], color=c, lw=2, label=rung)
             ax.set_title(title, fontsize=10)
+            if key == "entropy":
+                ax.set_yscale("log")  # (a collapse is a fall by orders of magnitude: 2 -> 0.02 against 2 -> 0.2)
         for k, (key, title) in enumerate((("acc", "validation accuracy (avg@2)"), ("length", "validation response length"))):
             ax = axes[6 + k]
             for seed in r["seeds"].values():
@@ -158,7 +165,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{doc['name']}: {doc['source']} (thin: seeds; thick: their mean)", fontsize=11)
+    fig.suptitle(f"{doc['name']}: {doc['source']} (thin: each seed; thick: the mean over {', '.join(common) or 'no seed'}, the seeds every rung has)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
