@@ -133,18 +133,14 @@ def die_with_driver() -> Any:
     return preexec
 
 
-def child_env(n: int, environ: Any, cores: int) -> dict[str, str]:
-    """The runs' environment: ``n`` > 1 runs side by side share the ``cores`` the driver may use, so
-    each gets ``cores // n`` OpenMP threads (at least 1) and they yield (``reasonrl.cpu_share``),
-    unless the user chose them (``$OMP_NUM_THREADS``, ``$REASONRL_CPU_WAIT``): each at every core
-    (``train``'s default) would put n times as many threads as cores. (Measured on 2 cores, the
-    entropy ladder: 2 runs side by side trained ~200-220 tokens/s each at 1 thread and at 2, against
-    330-350 for one run alone, about the same steps an hour in all: on 2 cores ``--jobs 2`` buys no
-    speed.)"""
-    if n <= 1:
-        return {**environ}
-    share = {"OMP_NUM_THREADS": str(max(1, cores // n)), cpu_share.ENV: "yield"}
-    return {**environ, **{k: v for k, v in share.items() if k not in environ}}
+def child_env(n: int, environ: Any) -> dict[str, str]:
+    """The runs' environment: ``n`` > 1 runs side by side share the cores, so their OpenMP threads
+    yield (``reasonrl.cpu_share``) unless the user chose a wait (``$REASONRL_CPU_WAIT``). Their
+    thread count stays every core's (``train``'s default, ``$OMP_NUM_THREADS``), whatever ``n``: it
+    orders the floating-point reductions, so a run resumed under another ``--jobs`` is the same run.
+    (Measured on 2 cores, the entropy ladder: 2 runs side by side trained ~200-220 tokens/s each
+    against 330-350 for one run alone, about the same steps an hour in all.)"""
+    return {**environ, **({cpu_share.ENV: "yield"} if n > 1 and cpu_share.ENV not in environ else {})}
 
 
 def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
@@ -157,7 +153,7 @@ def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
     total = len(pending)
     started = 0
     tie = die_with_driver()
-    env = child_env(n, os.environ, len(os.sched_getaffinity(0)))
+    env = child_env(n, os.environ)
     try:
         while pending or running:
             for j in list(pending):
