@@ -47,10 +47,35 @@ def _quiet_writer_threads() -> None:
     threading.excepthook = hook
 
 
+def _drop_events_after(log_dir: Path, step: int) -> None:
+    """Rewrites each event file in ``log_dir`` that holds events after ``step`` without them. A file is
+    replaced whole (``os.replace``), so a kill leaves the old file or the new one; a record cut short
+    by a crash ends the read there and is dropped with what follows."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    tmp = log_dir / ".rewrite.partial"  # no "tfevents" in the name: TensorBoard never reads it
+    for path in sorted(log_dir.glob("*tfevents*")):
+        records = list(RawEventFileLoader(str(path)).Load())
+        keep = [r for r in records if Event.FromString(r).step <= step]
+        if len(keep) == len(records) and path.stat().st_size == sum(len(r) + 16 for r in records):
+            continue
+        with open(tmp, "wb") as f:
+            writer = RecordWriter(f)
+            for r in keep:
+                writer.write(r)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
 class TensorBoardTracker:
     """Event files in ``<run_dir>/tensorboard/`` (torch's ``SummaryWriter``). A fresh run clears the
-    folder; a resumed run purges the events after the checkpoint's step (TensorBoard's
-    ``purge_step``), so the curves hold each step once."""
+    folder; a resumed run first rewrites the files there without their events after the
+    checkpoint's step, so the curves hold each step once. (TensorBoard's own ``purge_step`` only
+    drops what was read before the new file, and files are read in the order of their names, which
+    begin with the wall clock: resumed where the clock is behind, the old steps would stay.)"""
 
     name = "tensorboard"
 
@@ -61,7 +86,9 @@ class TensorBoardTracker:
         self.log_dir = Path(run_dir) / "tensorboard"
         if not start_step:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=start_step + 1 if start_step else None)
+        elif self.log_dir.is_dir():
+            _drop_events_after(self.log_dir, start_step)
+        self.writer = SummaryWriter(str(self.log_dir))
         if not start_step:
             self.writer.add_text("config", "    " + json.dumps(config, indent=1, default=str).replace("\n", "\n    "), 0)
 

@@ -49,12 +49,45 @@ def test_scalars_flatten_vectors():
                           "actor/clipfrac_by_prob/clip_upper/p0.0-0.1": 0.25}
 
 
+@pytest.mark.parametrize("clock_back_s", [0, 3600])
+def test_tensorboard_resume_keeps_each_step_once_whatever_the_clock(tmp_path, monkeypatch, clock_back_s):
+    """A run logs steps 1-3 and dies after step 3; it resumes from step 2's checkpoint and logs a new
+    step 3. TensorBoard reads the event files in name order, and a name begins with the wall clock:
+    with the clock set back an hour (another machine), the resumed file is read first. Either way
+    each tag holds steps 1, 2, 3 once, and step 3 is the resumed run's."""
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from reasonrl.tracking.backends import TensorBoardTracker
+
+    first = TensorBoardTracker(tmp_path, name="r", config={"seed": 0})
+    for step in (1, 2, 3):
+        first.log(step, {"a": float(step), "b": 10.0 * step})
+    first.close()
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now - clock_back_s + 1)  # +1: never the first file's own second
+    resumed = TensorBoardTracker(tmp_path, name="r", config={"seed": 0}, start_step=2)
+    resumed.log(3, {"a": 33.0, "b": 333.0})
+    resumed.close()
+    monkeypatch.undo()
+    names = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
+    assert len(names) == 2 and all("tfevents" in n for n in names), names
+    ea = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    ea.Reload()
+    for tag, want in (("a", {1: 1.0, 2: 2.0, 3: 33.0}), ("b", {1: 10.0, 2: 20.0, 3: 333.0})):
+        events = ea.Scalars(tag)
+        assert sorted(e.step for e in events) == [1, 2, 3], (tag, [e.step for e in events])
+        assert {e.step: e.value for e in events} == want
+    assert "config/text_summary" in ea.Tags()["tensors"]  # the first run's step-0 text is kept
+
+
 @pytest.mark.slow
 def test_train_tensorboard_events_read_by_tensorboard(prepared, tiny_model, tmp_path):
     """PPO (critic, clip buckets, by-position vectors) for 3 steps, checkpoints at 2 and 3; then a
     crash is simulated (step 3's checkpoint lost, step 3 already logged) and the run resumed: every
-    tag holds steps 1, 2, 3 once each (TensorBoard's purge_step drops the first step 3), and every
-    value equals metrics.jsonl's."""
+    tag holds steps 1, 2, 3 once each (the resumed tracker drops the first step 3 from the old file),
+    and every value equals metrics.jsonl's."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "ppo"
@@ -83,7 +116,7 @@ def test_train_tensorboard_events_read_by_tensorboard(prepared, tiny_model, tmp_
         events = ea.Scalars(tag)
         steps = [e.step for e in events]
         logged = sorted(s for s, m in last.items() if tag in expected_scalars(m))
-        assert steps == logged, (tag, steps)
+        assert sorted(steps) == logged, (tag, steps)  # in file order: a clock set back puts the resumed file first
         for e in events:
             assert e.value == pytest.approx(expected_scalars(last[e.step])[tag], rel=1e-5, abs=1e-6), (tag, e.step)
 
