@@ -106,11 +106,19 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
     def at(step: int, key: str) -> float | None:
         return _mean([next((r[key] for r in c["steps"] if r["step"] == step), None) for c in full])
 
+    def window(key: str, lo: int, hi: int) -> float | None:
+        """The mean over the seeds of each seed's mean over steps lo..hi (steps where it is defined:
+        a step with no right response has no length of the right ones)."""
+        return _mean([_mean([r[key] for r in c["steps"] if lo <= r["step"] <= hi]) for c in full])
+
     first_val = _mean([c["validation"][0]["acc"] for c in full if c["validation"] and c["validation"][0]["step"] == 0])
     last_val = _mean([c["validation"][-1]["acc"] for c in full if c["validation"]])
     out = {"seeds": list(seeds), "finished": [k for k, c in seeds.items() if c["finished"]], "summary_over": "finished seeds" if done else "all seeds so far",
            "common_last_step": common,
            "length_first": at(1, "length"), "length_last": at(common, "length") if common else None,
+           # right and wrong apart, over the first and the last 5 steps (a single step has few right ones)
+           **{f"length_{k}_{end}5": window(f"length_{k}", *span) if common else None for k in ("right", "wrong")
+              for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
            "steps_share_first": at(1, "steps_share"), "steps_share_last": at(common, "steps_share") if common else None,
            "entropy_first": _mean([next((r["entropy"] for r in c["steps"] if r["entropy"] is not None), None) for c in full]),  # (a step with no update has none)
            "entropy_last": at(common, "entropy") if common else None,
