@@ -11,7 +11,7 @@ A rerun of the same command skips finished runs (their ``manifest.json``), resum
 (``--resume`` from their last checkpoint; ``--overwrite`` for one that stopped before its first
 checkpoint, which holds nothing to resume), and starts the others. Each train run checkpoints at its
 validation steps (unless the recipe or ``--set save_every`` says otherwise) and keeps the newest
-one. ``--jobs N`` runs N at once; ``--dry-run`` prints the command lines instead (one per line, in
+one (none once it has finished, with ``--drop-checkpoints``). ``--jobs N`` runs N at once; ``--dry-run`` prints the command lines instead (one per line, in
 an order that runs: critics first), for a cluster's scheduler, and writes nothing but a new
 directory's ``plan.json``; ``--collect DIR`` builds the table
 from whatever finished.
@@ -44,7 +44,7 @@ from reasonrl.config import check, opt, parse_sets, to_dict
 from reasonrl.errors import ReasonRLError
 from reasonrl.interrupts import last_write
 from reasonrl.rundir import claim, releases_claims
-from reasonrl.stages.ablation.jobs import Job, make_jobs, run_jobs
+from reasonrl.stages.ablation.jobs import Job, drop_checkpoints, make_jobs, run_jobs
 from reasonrl.stages.ablation.plan import CRITICS, OUTPUTS, PRESETS, Plan, check_key, make_plan
 from reasonrl.stages.ablation.stats import summarise
 from reasonrl.stages.ablation.table import print_table
@@ -64,6 +64,9 @@ class AblateConfig(ProgressOpts):
     dry_run: bool = opt(False, "Print each run's command line (one per line, critics first) and run nothing; plan.json is written for --collect "
                                "into a directory without one (nothing else is written or removed).")
     bootstrap: int = opt(1000, "Bootstrap resamples for the table's intervals.")
+    drop_checkpoints: bool = opt(False, "Delete each train run's checkpoints/ once it has finished (its policy/, metrics, validation and rollouts stay), "
+                                        "and those of runs finished before: the newest is kept otherwise, ~1.6 GB a run for SmolLM2-135M, twice that "
+                                        "with a critic. A finished run is never resumed; a stopped one keeps its checkpoint.")
     sets: list[str] = opt([], "train overrides for every run (--set key=value, repeatable); a rung's own overrides win.")
 
     def __post_init__(self) -> None:
@@ -76,7 +79,8 @@ class AblateConfig(ProgressOpts):
         check(self.val_every is None or self.val_every >= 1, "val_every must be >= 1: the table is made of validation curves")
         check(self.jobs >= 1, "jobs must be >= 1")
         check(self.bootstrap >= 1, "bootstrap must be >= 1")
-        check(not (self.collect and (self.dry_run or self.sets)), "--collect only reads the runs: drop --dry-run and --set")
+        check(not (self.collect and (self.dry_run or self.sets or self.drop_checkpoints)), "--collect only reads the runs: drop --dry-run, --set and --drop-checkpoints")
+        check(not (self.dry_run and self.drop_checkpoints), "--dry-run writes and deletes nothing: drop --drop-checkpoints (give it to the run that runs the plan)")
         for k in parse_sets(self.sets):
             check_key(k, "--set")
         if self.collect:
@@ -148,8 +152,11 @@ def run_ablate(cfg: AblateConfig, console: Any = None) -> dict[str, Any]:
         skipped = [j for j in job_list if j.status == "skipped"]
         say(f"[bold]ablate[/] {plan.source}: {len(plan.rungs)} rung{'s' * (len(plan.rungs) != 1)} × {len(plan.seeds)} seed{'s' * (len(plan.seeds) != 1)}, {plan.steps} steps, validation every {plan.val_every}"
             + (f"; {len(skipped)} finished run(s) skipped" if skipped else "") + f" → {out}")
+        on_done = drop_checkpoints if cfg.drop_checkpoints else None
+        if on_done is not None and sum(drop_checkpoints(j) for j in skipped):
+            say("--drop-checkpoints: the finished runs' checkpoints deleted")
         try:
-            run_jobs(job_list, cfg.jobs, say)
+            run_jobs(job_list, cfg.jobs, say, on_done)
         except KeyboardInterrupt as e:
             from reasonrl.interrupts import Interrupted, signal_name
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +119,7 @@ def data_dir(tmp_path) -> Path:
     (["--preset", "dapo", "--jobs", "0"], ["jobs must be >= 1"]),
     (["--spec", "missing.toml"], ["spec missing.toml not found", "--spec"]),
     (["--preset", "dapo", "--set", "data=no/such/dir"], ["no/such/dir not found", "--set data="]),
+    (["--preset", "dapo", "--dry-run", "--drop-checkpoints"], ["--dry-run writes and deletes nothing", "drop --drop-checkpoints"]),
 ])
 def test_bad_input_is_one_line_before_anything_runs(args, needles, tmp_path, monkeypatch, data_dir):
     monkeypatch.chdir(tmp_path)
@@ -277,6 +280,37 @@ def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tm
     assert rep.exit_code == 0, rep.output
     assert (tmp_path / "report" / "ablation.png").is_file()
     assert "ablation" not in json.loads((tmp_path / "report" / "manifest.json").read_text())["skipped"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_only(format_model, prepared, tmp_path):
+    """--drop-checkpoints: a run finished before (skipped) and one finished now lose checkpoints/ and
+    keep what the table and the user read; a run stopped by SIGTERM keeps its checkpoint and resumes."""
+    spec = _spec(tmp_path, format_model, prepared, TWO_RUNGS, steps=2)
+    out = tmp_path / "abl"
+    grpo, clip = out / "grpo" / "seed-0", out / "clip-higher" / "seed-0"
+    args = ("--spec", spec, "--out", out, "--seeds", "1")
+    first = subprocess.run(_ablate(*args), env=_env(), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (grpo / "checkpoints" / "step_2").is_dir() and (clip / "checkpoints" / "step_2").is_dir()  # kept without the flag
+    shutil.rmtree(clip)  # clip-higher runs again, SIGTERMed once it has checkpointed step 1
+    p = subprocess.Popen(_ablate(*args, "--drop-checkpoints"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while p.poll() is None and not (clip / "checkpoints" / "step_1").is_dir():
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode != 0 and "rerun the same command" in err, err[-2000:]
+    assert not (grpo / "checkpoints").exists() and (grpo / "manifest.json").is_file()  # finished before: its checkpoints went first
+    assert (clip / "checkpoints").is_dir() and not (clip / "manifest.json").exists()  # stopped: kept, to resume
+    again = subprocess.run(_ablate(*args, "--drop-checkpoints"), env=_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumed from" in (out / "logs" / "clip-higher-seed-0.log").read_text()
+    for r in (grpo, clip):
+        assert not (r / "checkpoints").exists() and (r / "manifest.json").is_file() and (r / "policy").is_dir()
+        assert [m["step"] for m in _lines(r / "metrics.jsonl")] == [0, 1, 2] and [v["step"] for v in _lines(r / "validation.jsonl")] == [0, 2]
+    doc = json.loads((out / "ablation.json").read_text())
+    assert doc["complete"] and all(math.isnan(row["checkpoint_mib"]) for row in doc["rungs"])
 
 
 @pytest.mark.slow

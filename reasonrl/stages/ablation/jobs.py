@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reasonrl import cpu_share
 from reasonrl.artifacts import MANIFEST
@@ -92,6 +93,17 @@ def make_jobs(plan: Plan, out: Path) -> list[Job]:
     return jobs
 
 
+def drop_checkpoints(job: Job) -> bool:
+    """Delete a finished train run's ``checkpoints/`` (what only a resume needs; its ``policy/``,
+    metrics, validation and rollouts stay); True when something was deleted. A run that is not
+    finished (no manifest: stopped by a signal, failed) keeps them, so that it can be resumed."""
+    d = job.dir / "checkpoints"
+    if job.stage != "train" or state(job.dir, "train") != "finished" or not d.is_dir():
+        return False
+    shutil.rmtree(d, ignore_errors=True)
+    return True
+
+
 def _set_args(sets: dict[str, str]) -> list[str]:
     return [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
 
@@ -143,9 +155,9 @@ def child_env(n: int, environ: Any) -> dict[str, str]:
     return {**environ, **({cpu_share.ENV: "yield"} if n > 1 and cpu_share.ENV not in environ else {})}
 
 
-def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
+def run_jobs(jobs: list[Job], n: int, say: Any, on_done: Callable[[Job], Any] | None = None) -> None:
     """Run the pending jobs, ``n`` at once, each after the job it needs; a failure is recorded and
-    the others go on (a job whose critic failed is blocked). A SIGTERM or SIGINT to the driver is
+    the others go on (a job whose critic failed is blocked); ``on_done(job)`` after each that succeeded. A SIGTERM or SIGINT to the driver is
     passed on to the running runs (each stops at a step boundary with a checkpoint), then waited for;
     a SIGKILL to the driver kills them too (:func:`die_with_driver`)."""
     pending = [j for j in jobs if j.status == "pending"]
@@ -188,6 +200,8 @@ def run_jobs(jobs: list[Job], n: int, say: Any) -> None:
                 if rc == 0:
                     j.status = "done"
                     say(f"{j.label}: finished in {j.seconds:.0f} s")
+                    if on_done is not None:
+                        on_done(j)
                 else:
                     j.status, j.error = "failed", _last_error(j.log)
                     say(f"[red]{j.label}: FAILED (exit {rc}) {j.error}[/]")
