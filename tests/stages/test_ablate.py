@@ -286,14 +286,15 @@ def test_ablation_killed_rerun_dry_run_collect_report(format_model, prepared, tm
 @pytest.mark.timeout(600)
 def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_only(format_model, prepared, tmp_path):
     """--drop-checkpoints: a run finished before (skipped) and one finished now lose checkpoints/ and
-    keep what the table and the user read; a run stopped by SIGTERM keeps its checkpoint and resumes."""
-    spec = _spec(tmp_path, format_model, prepared, TWO_RUNGS, steps=2)
+    keep what the table and the user read; a run stopped by SIGTERM keeps its checkpoint and resumes.
+    (6 steps: the SIGTERM, sent once step 1 is saved, stops the run well before its end.)"""
+    spec = _spec(tmp_path, format_model, prepared, TWO_RUNGS, steps=6)
     out = tmp_path / "abl"
     grpo, clip = out / "grpo" / "seed-0", out / "clip-higher" / "seed-0"
     args = ("--spec", spec, "--out", out, "--seeds", "1")
     first = subprocess.run(_ablate(*args), env=_env(), capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert (grpo / "checkpoints" / "step_2").is_dir() and (clip / "checkpoints" / "step_2").is_dir()  # kept without the flag
+    assert (grpo / "checkpoints" / "step_6").is_dir() and (clip / "checkpoints" / "step_6").is_dir()  # kept without the flag
     shutil.rmtree(clip)  # clip-higher runs again, SIGTERMed once it has checkpointed step 1
     p = subprocess.Popen(_ablate(*args, "--drop-checkpoints"), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while p.poll() is None and not (clip / "checkpoints" / "step_1").is_dir():
@@ -308,7 +309,7 @@ def test_drop_checkpoints_deletes_a_finished_runs_checkpoints_only(format_model,
     assert "resumed from" in (out / "logs" / "clip-higher-seed-0.log").read_text()
     for r in (grpo, clip):
         assert not (r / "checkpoints").exists() and (r / "manifest.json").is_file() and (r / "policy").is_dir()
-        assert [m["step"] for m in _lines(r / "metrics.jsonl")] == [0, 1, 2] and [v["step"] for v in _lines(r / "validation.jsonl")] == [0, 2]
+        assert [m["step"] for m in _lines(r / "metrics.jsonl")] == list(range(7)) and [v["step"] for v in _lines(r / "validation.jsonl")] == [0, 6]
     doc = json.loads((out / "ablation.json").read_text())
     assert doc["complete"] and all(math.isnan(row["checkpoint_mib"]) for row in doc["rungs"])
 

@@ -218,4 +218,6 @@ def run_jobs(jobs: list[Job], n: int, say: Any, on_done: Callable[[Job], Any] | 
             j.rc = j.proc.wait()
             j.status = "done" if j.rc == 0 else "failed"
             j.error = "" if j.rc == 0 else "stopped by the signal"
+            if j.rc == 0 and on_done is not None:  # (it finished before the signal reached it)
+                on_done(j)
         raise
