@@ -4,7 +4,8 @@ rollouts (`keep_rollouts = true`), per rung and seed and step, what the policy w
     python bench/long_cot.py runs/ablate-length --name length --out docs/ablations
 
 Per step, from ``rollouts/step_N.parquet`` (every response generated that step, kept by dynamic
-sampling or not): the mean response length (tokens), of the right and of the wrong ones apart, the
+sampling or not): the mean response length (tokens), of the right and of the wrong ones apart (and
+within a prompt: the wrong ones' length minus the right ones' in each group that has both), the
 share that writes the steps (bench/cot_task.py's rule: at least 2 ``=`` before the last
 ``Answer:``), the accuracy. From ``metrics.jsonl``: entropy, the clipped fractions (upper, lower),
 validation accuracy and response length at each validation. From ``validation.jsonl``: the change of
@@ -45,14 +46,22 @@ def _jsonl(p: Path) -> list[dict[str, Any]]:
 def step_stats(parquet: Path) -> dict[str, Any]:
     import pandas as pd
 
-    d = pd.read_parquet(parquet, columns=["response", "correct", "length", "kept", "finish_reason"])
+    d = pd.read_parquet(parquet, columns=["group", "response", "correct", "length", "kept", "finish_reason"])
     right, wrong = d[d["correct"]], d[~d["correct"]]
     steps = d["response"].map(writes_steps)
+    # Within a prompt: per group with a right and an untruncated wrong response, the wrong ones' mean
+    # length minus the right ones' (a harder prompt's responses are longer and more often wrong, so
+    # the pooled lengths mix the prompts' difficulty into the comparison; the cut ones end at the cap).
+    within = []
+    for _, g in d.groupby("group"):
+        r, w = g[g["correct"]], g[~g["correct"] & (g["finish_reason"] != "length")]
+        if len(r) and len(w):
+            within.append(float(w["length"].mean() - r["length"].mean()))
     return {"responses": int(len(d)), "length": float(d["length"].mean()), "length_right": float(right["length"].mean()) if len(right) else None,
             "length_wrong": float(wrong["length"].mean()) if len(wrong) else None, "acc": float(d["correct"].mean()),
             "steps_share": float(steps.mean()), "acc_steps": float(d["correct"][steps].mean()) if steps.any() else None,
             "acc_direct": float(d["correct"][~steps].mean()) if (~steps).any() else None,
-            "truncated": float((d["finish_reason"] == "length").mean())}
+            "truncated": float((d["finish_reason"] == "length").mean()), "wrong_minus_right_within": within}
 
 
 def run_curves(run: Path) -> dict[str, Any]:
@@ -96,6 +105,19 @@ def val_change(runs: list[Path]) -> dict[str, Any] | None:
             "last_steps": sorted(last_steps), "per_seed": [statistics.fmean(d) for d in per_seed]}
 
 
+def within_prompt(curves: dict[str, Any], lo: int, hi: int) -> dict[str, Any] | None:
+    """One seed's wrong − right length within a prompt over steps lo..hi: the mean over the groups
+    that have both (each group one prompt's responses at one step), with a t interval over the groups."""
+    from reasonrl.evaluation.scores import student_t_quantile
+
+    xs = [x for r in curves["steps"] if lo <= r["step"] <= hi for x in r.get("wrong_minus_right_within", [])]
+    if not xs:
+        return None
+    m = statistics.fmean(xs)
+    half = student_t_quantile(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else math.inf
+    return {"value": m, "ci": [m - half, m + half], "groups": len(xs)}
+
+
 def summarise(rung_dir: Path) -> dict[str, Any]:
     runs = sorted((p for p in rung_dir.glob("seed-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
     seeds = {p.name: run_curves(p) for p in runs}
@@ -119,6 +141,7 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
            # right and wrong apart, over the first and the last 5 steps (a single step has few right ones)
            **{f"length_{k}_{end}5": window(f"length_{k}", *span) if common else None for k in ("right", "wrong")
               for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
+           "wrong_minus_right_within_last5": {k: within_prompt(c, common - 4, common) for k, c in seeds.items()} if common else None,
            "steps_share_first": at(1, "steps_share"), "steps_share_last": at(common, "steps_share") if common else None,
            "entropy_first": _mean([next((r["entropy"] for r in c["steps"] if r["entropy"] is not None), None) for c in full]),  # (a step with no update has none)
            "entropy_last": at(common, "entropy") if common else None,
@@ -197,6 +220,9 @@ def main() -> None:
         print(f"{name}: seeds {len(s['seeds'])} (finished {len(s['finished'])}), steps to {s['common_last_step']}; length {s['length_first']} → "
               f"{s['length_last']}; steps share {s['steps_share_first']} → {s['steps_share_last']}; val {s['val_acc_first']} → {s['val_acc_last']}"
               + (f" (Δ {vc['value']:+.3f} [{vc['ci'][0]:+.3f}, {vc['ci'][1]:+.3f}])" if vc else ""))
+        for seed, w in (s["wrong_minus_right_within_last5"] or {}).items():
+            if w:
+                print(f"  {seed}: wrong − right within a prompt, last 5 steps: {w['value']:+.1f} [{w['ci'][0]:+.1f}, {w['ci'][1]:+.1f}] tokens over {w['groups']} groups")
 
 
 if __name__ == "__main__":
