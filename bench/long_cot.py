@@ -13,8 +13,10 @@ validation accuracy from step 0 to the last validation, paired by seed and probl
 interval `reasonrl ablate` uses (seeds × problems, reasonrl.evaluation.scores.crossed_mean_ci).
 
 Writes ``<out>/<name>-curves.json`` (per rung: the summary and every seed's curves) and
-``<out>/<name>-curves.png``. Reads finished and unfinished runs alike (say which in the JSON), so it
-can be run while a ladder is still going.
+``<out>/<name>-curves.png``; where rungs have a critic (PPO, VC-PPO), its value against the return
+per step and value and advantage by position at the first and last step, and ``<name>-critic.png``.
+Reads finished and unfinished runs alike (say which in the JSON), so it can be run while a ladder is
+still going.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cot_task import writes_steps  # noqa: E402
+
+
+# Per step, from a critic's run's metrics.jsonl (None on a run without a critic).
+CRITIC_KEYS = ("value_mean", "returns_mean", "explained_variance", "vf_loss")
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -71,12 +77,19 @@ def run_curves(run: Path) -> dict[str, Any]:
     for s in steps:
         m = metrics.get(s, {})
         per_step.append({"step": s, **step_stats(run / "rollouts" / f"step_{s}.parquet"), "entropy": m.get("actor/entropy"),
-                         "clip_upper": m.get("actor/clipfrac_upper"), "clip_lower": m.get("actor/clipfrac_lower"), "step_s": m.get("perf/step_s")})
+                         "clip_upper": m.get("actor/clipfrac_upper"), "clip_lower": m.get("actor/clipfrac_lower"), "step_s": m.get("perf/step_s"),
+                         # a critic's runs (PPO, VC-PPO): its value against the return it is trained on, and by position
+                         **{k: m.get(f"critic/{k}") for k in CRITIC_KEYS}})
     val = [{"step": s, "acc": m["val/avg@2"] if "val/avg@2" in m else next((v for k, v in m.items() if k.startswith("val/avg@") and k.count("/") == 1
                                                                            and not k.endswith(("_low", "_high"))), None),
             "length": m.get("val/response_length_mean")} for s, m in sorted(metrics.items()) if any(k.startswith("val/avg@") for k in m)]
     finished = (run / "manifest.json").is_file()
-    return {"finished": finished, "steps": per_step, "validation": val}
+    # The bias picture over training (VC-PPO fig. 4's quantities): value and advantage by position
+    # (16 bins of the response) at the first and the last step, where the run has a critic.
+    logged = [s for s in steps if metrics.get(s, {}).get("critic/value_by_position")]
+    by_position = {end: {"step": s, "value": metrics[s]["critic/value_by_position"], "advantage": metrics[s].get("actor/advantage_by_position")}
+                   for end, s in (("first", logged[0]), ("last", logged[-1]))} if logged else None
+    return {"finished": finished, "steps": per_step, "validation": val, "by_position": by_position}
 
 
 def val_change(runs: list[Path]) -> dict[str, Any] | None:
@@ -149,6 +162,10 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
            "val_length_first": _mean([c["validation"][0]["length"] for c in full if c["validation"]]),
            "val_length_last": _mean([c["validation"][-1]["length"] for c in full if c["validation"]]),
            "val_acc_first": first_val, "val_acc_last": last_val, "val_change": val_change(runs),
+           # a critic's bias: its value minus the return, the mean over the step's tokens (VC-PPO §3)
+           **{f"value_bias_{end}5": _mean([_mean([r["value_mean"] - r["returns_mean"] for r in c["steps"] if span[0] <= r["step"] <= span[1]
+                                                  and r.get("value_mean") is not None and r.get("returns_mean") is not None]) for c in full]) if common else None
+              for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
            "clip_upper_mean": _mean([r["clip_upper"] for c in full for r in c["steps"]]),
            "clip_lower_mean": _mean([r["clip_lower"] for c in full for r in c["steps"]]),
            "step_s_median": statistics.median([r["step_s"] for c in full for r in c["steps"] if r["step_s"]]) if full else None}
@@ -201,6 +218,55 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def plot_critic(doc: dict[str, Any], path: Path) -> bool:
+    """The critics' side of a ladder with PPO rungs: the value's bias against the return it is
+    trained on and its explained variance over steps, and value and advantage by position at the
+    first and the last step (each seed). False (nothing drawn) without one."""
+    rungs = {n: r for n, r in doc["rungs"].items() if any(x.get("value_mean") is not None for c in r["seeds"].values() for x in c["steps"])}
+    if not rungs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    axes = axes.ravel()
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    names = list(doc["rungs"])
+    for rung, r in rungs.items():
+        c = colours[names.index(rung) % len(colours)]
+        for seed in r["seeds"].values():
+            rows = [x for x in seed["steps"] if x.get("value_mean") is not None and x.get("returns_mean") is not None]
+            axes[0].plot([x["step"] for x in rows], [x["value_mean"] - x["returns_mean"] for x in rows], color=c, alpha=0.6, lw=1,
+                         label=rung if seed is next(iter(r["seeds"].values())) else None)
+            rows = [x for x in seed["steps"] if x.get("explained_variance") is not None]
+            axes[3].plot([x["step"] for x in rows], [max(x["explained_variance"], -1.0) for x in rows], color=c, alpha=0.6, lw=1)
+        for k, (end, key) in enumerate((("first", "value"), ("last", "value"), ("first", "advantage"), ("last", "advantage"))):
+            # (bins of the positions up to the step's longest response, one a position below 16
+            # tokens: drawn against the position as a share of that length, each seed apart)
+            for c_ in r["seeds"].values():
+                v = (c_.get("by_position") or {}).get(end, {}).get(key)
+                if v:
+                    axes[(1, 2, 4, 5)[k]].plot([(i + 0.5) / len(v) for i in range(len(v))], v, color=c, alpha=0.6, lw=1, marker="o", ms=2)
+    axes[0].axhline(0, color="grey", lw=0.5)
+    axes[0].set_title("value − return, mean over the step's tokens (each seed)", fontsize=10)
+    axes[0].legend(fontsize=8)
+    axes[3].set_title("explained variance (floored at −1)", fontsize=10)
+    for k, title in enumerate(("value by position, first step", "value by position, last step",
+                               "advantage by position, first step", "advantage by position, last step")):
+        ax = axes[(1, 2, 4, 5)[k]]
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_title(f"{title} (each seed)", fontsize=10)
+        ax.set_xlabel("token position / the step's longest response", fontsize=8)
+    for ax in (axes[0], axes[3]):
+        ax.set_xlabel("step", fontsize=8)
+    fig.suptitle(f"{doc['name']}: the critics ({doc['source']})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ablation", type=Path)
@@ -214,6 +280,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"{a.name}-curves.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot(doc, a.out / f"{a.name}-curves.png")
+    if plot_critic(doc, a.out / f"{a.name}-critic.png"):
+        print(f"critics: {a.out / (a.name + '-critic.png')}")
     for name, r in rungs.items():
         s = r["summary"]
         vc = s["val_change"]
