@@ -58,16 +58,21 @@ def step_stats(parquet: Path) -> dict[str, Any]:
     # Within a prompt: per group with a right and an untruncated wrong response, the wrong ones' mean
     # length minus the right ones' (a harder prompt's responses are longer and more often wrong, so
     # the pooled lengths mix the prompts' difficulty into the comparison; the cut ones end at the cap).
-    within = []
+    # The cut ones count in a second measure at the cap's length (censored: a lower bound on how long
+    # they would have run), for a run whose wrong responses run on to the cap.
+    within, within_cut = [], []
     for _, g in d.groupby("group"):
         r, w = g[g["correct"]], g[~g["correct"] & (g["finish_reason"] != "length")]
         if len(r) and len(w):
             within.append(float(w["length"].mean() - r["length"].mean()))
+        if len(r) and (~g["correct"]).any():
+            within_cut.append(float(g[~g["correct"]]["length"].mean() - r["length"].mean()))
     return {"responses": int(len(d)), "length": float(d["length"].mean()), "length_right": float(right["length"].mean()) if len(right) else None,
             "length_wrong": float(wrong["length"].mean()) if len(wrong) else None, "acc": float(d["correct"].mean()),
             "steps_share": float(steps.mean()), "acc_steps": float(d["correct"][steps].mean()) if steps.any() else None,
             "acc_direct": float(d["correct"][~steps].mean()) if (~steps).any() else None,
-            "truncated": float((d["finish_reason"] == "length").mean()), "wrong_minus_right_within": within}
+            "truncated": float((d["finish_reason"] == "length").mean()), "wrong_minus_right_within": within,
+            "wrong_minus_right_within_cut_included": within_cut}
 
 
 def run_curves(run: Path) -> dict[str, Any]:
@@ -118,12 +123,12 @@ def val_change(runs: list[Path]) -> dict[str, Any] | None:
             "last_steps": sorted(last_steps), "per_seed": [statistics.fmean(d) for d in per_seed]}
 
 
-def within_prompt(curves: dict[str, Any], lo: int, hi: int) -> dict[str, Any] | None:
+def within_prompt(curves: dict[str, Any], lo: int, hi: int, key: str = "wrong_minus_right_within") -> dict[str, Any] | None:
     """One seed's wrong − right length within a prompt over steps lo..hi: the mean over the groups
     that have both (each group one prompt's responses at one step), with a t interval over the groups."""
     from reasonrl.evaluation.scores import student_t_quantile
 
-    xs = [x for r in curves["steps"] if lo <= r["step"] <= hi for x in r.get("wrong_minus_right_within", [])]
+    xs = [x for r in curves["steps"] if lo <= r["step"] <= hi for x in r.get(key, [])]
     if not xs:
         return None
     m = statistics.fmean(xs)
@@ -155,6 +160,9 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
            **{f"length_{k}_{end}5": window(f"length_{k}", *span) if common else None for k in ("right", "wrong")
               for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
            "wrong_minus_right_within_last5": {k: within_prompt(c, common - 4, common) for k, c in seeds.items()} if common else None,
+           "wrong_minus_right_within_cut_included_last5": {k: within_prompt(c, common - 4, common, "wrong_minus_right_within_cut_included")
+                                                           for k, c in seeds.items()} if common else None,
+           "truncated_first": at(1, "truncated"), "truncated_last5": window("truncated", common - 4, common) if common else None,
            "steps_share_first": at(1, "steps_share"), "steps_share_last": at(common, "steps_share") if common else None,
            "entropy_first": _mean([next((r["entropy"] for r in c["steps"] if r["entropy"] is not None), None) for c in full]),  # (a step with no update has none)
            "entropy_last": at(common, "entropy") if common else None,
@@ -289,8 +297,10 @@ def main() -> None:
               f"{s['length_last']}; steps share {s['steps_share_first']} → {s['steps_share_last']}; val {s['val_acc_first']} → {s['val_acc_last']}"
               + (f" (Δ {vc['value']:+.3f} [{vc['ci'][0]:+.3f}, {vc['ci'][1]:+.3f}])" if vc else ""))
         for seed, w in (s["wrong_minus_right_within_last5"] or {}).items():
+            cut = (s["wrong_minus_right_within_cut_included_last5"] or {}).get(seed)
             if w:
-                print(f"  {seed}: wrong − right within a prompt, last 5 steps: {w['value']:+.1f} [{w['ci'][0]:+.1f}, {w['ci'][1]:+.1f}] tokens over {w['groups']} groups")
+                print(f"  {seed}: wrong − right within a prompt, last 5 steps: {w['value']:+.1f} [{w['ci'][0]:+.1f}, {w['ci'][1]:+.1f}] tokens over {w['groups']} groups"
+                      + (f"; the cut ones included at the cap: {cut['value']:+.1f} [{cut['ci'][0]:+.1f}, {cut['ci'][1]:+.1f}] over {cut['groups']}" if cut else ""))
 
 
 if __name__ == "__main__":
