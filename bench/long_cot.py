@@ -7,7 +7,8 @@ Per step, from ``rollouts/step_N.parquet`` (every response generated that step, 
 sampling or not): the mean response length (tokens), of the right and of the wrong ones apart (and
 within a prompt: the wrong ones' length minus the right ones' in each group that has both), the
 share that writes the steps (bench/cot_task.py's rule: at least 2 ``=`` before the last
-``Answer:``), the accuracy. From ``metrics.jsonl``: entropy, the clipped fractions (upper, lower),
+``Answer:``), the share that runs on past its answer (more than 20 characters after the first
+``Answer: <integer>``), of the right and the wrong ones apart, the accuracy. From ``metrics.jsonl``: entropy, the clipped fractions (upper, lower),
 validation accuracy and response length at each validation. From ``validation.jsonl``: the change of
 validation accuracy from step 0 to the last validation, paired by seed and problem, with the crossed
 interval `reasonrl ablate` uses (seeds × problems, reasonrl.evaluation.scores.crossed_mean_ci).
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -49,12 +51,23 @@ def _jsonl(p: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.is_file() else []
 
 
+_ANSWER = re.compile(r"Answer:\s*-?\d+\.?")
+
+
+def runs_on(response: str) -> bool:
+    """Text after the first ``Answer: <integer>`` (more than 20 characters): the response goes on
+    once it has answered (an explanation, a repeat), which the reward neither pays nor punishes."""
+    m = _ANSWER.search(response)
+    return m is not None and len(response[m.end():].strip()) > 20
+
+
 def step_stats(parquet: Path) -> dict[str, Any]:
     import pandas as pd
 
     d = pd.read_parquet(parquet, columns=["group", "response", "correct", "length", "kept", "finish_reason"])
     right, wrong = d[d["correct"]], d[~d["correct"]]
     steps = d["response"].map(writes_steps)
+    on = d["response"].map(runs_on)
     # Within a prompt: per group with a right and an untruncated wrong response, the wrong ones' mean
     # length minus the right ones' (a harder prompt's responses are longer and more often wrong, so
     # the pooled lengths mix the prompts' difficulty into the comparison; the cut ones end at the cap).
@@ -71,7 +84,9 @@ def step_stats(parquet: Path) -> dict[str, Any]:
             "length_wrong": float(wrong["length"].mean()) if len(wrong) else None, "acc": float(d["correct"].mean()),
             "steps_share": float(steps.mean()), "acc_steps": float(d["correct"][steps].mean()) if steps.any() else None,
             "acc_direct": float(d["correct"][~steps].mean()) if (~steps).any() else None,
-            "truncated": float((d["finish_reason"] == "length").mean()), "wrong_minus_right_within": within,
+            "truncated": float((d["finish_reason"] == "length").mean()),
+            "runs_on_share": float(on.mean()), "runs_on_right": float(on[d["correct"]].mean()) if len(right) else None,
+            "runs_on_wrong": float(on[~d["correct"]].mean()) if len(wrong) else None, "wrong_minus_right_within": within,
             "wrong_minus_right_within_cut_included": within_cut}
 
 
@@ -162,6 +177,8 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
            "wrong_minus_right_within_last5": {k: within_prompt(c, common - 4, common) for k, c in seeds.items()} if common else None,
            "wrong_minus_right_within_cut_included_last5": {k: within_prompt(c, common - 4, common, "wrong_minus_right_within_cut_included")
                                                            for k, c in seeds.items()} if common else None,
+           **{f"runs_on_{k}_{end}5": window(f"runs_on_{k}", *span) if common else None for k in ("share", "right", "wrong")
+              for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
            "truncated_first": at(1, "truncated"), "truncated_last5": window("truncated", common - 4, common) if common else None,
            "steps_share_first": at(1, "steps_share"), "steps_share_last": at(common, "steps_share") if common else None,
            "entropy_first": _mean([next((r["entropy"] for r in c["steps"] if r["entropy"] is not None), None) for c in full]),  # (a step with no update has none)
