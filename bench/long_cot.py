@@ -8,16 +8,18 @@ sampling or not): the mean response length (tokens), of the right and of the wro
 within a prompt: the wrong ones' length minus the right ones' in each group that has both), the
 share that writes the steps (bench/cot_task.py's rule: at least 2 ``=`` before the last
 ``Answer:``), the share that runs on past its answer (more than 20 characters after the first
-``Answer: <integer>``), of the right and the wrong ones apart, the accuracy. From ``metrics.jsonl``: entropy, the clipped fractions (upper, lower),
-validation accuracy and response length at each validation. From ``validation.jsonl``: the change of
-validation accuracy from step 0 to the last validation, paired by seed and problem, with the crossed
-interval `reasonrl ablate` uses (seeds × problems, reasonrl.evaluation.scores.crossed_mean_ci).
+``Answer: <integer>``), of the right and the wrong ones apart, the accuracy. From
+``metrics.jsonl``: entropy, the clipped fractions (upper, lower), validation accuracy and response
+length at each validation; on a run with a critic (PPO, VC-PPO) also its value against the return
+it is trained on, explained variance and value loss per step, and value and advantage by position at
+the first and the last step. From ``validation.jsonl``: the change of validation accuracy from
+step 0 to the last validation, paired by seed and problem, with the crossed interval `reasonrl
+ablate` uses (seeds × problems, reasonrl.evaluation.scores.crossed_mean_ci).
 
-Writes ``<out>/<name>-curves.json`` (per rung: the summary and every seed's curves) and
-``<out>/<name>-curves.png``; where rungs have a critic (PPO, VC-PPO), its value against the return
-per step and value and advantage by position at the first and last step, and ``<name>-critic.png``.
-Reads finished and unfinished runs alike (say which in the JSON), so it can be run while a ladder is
-still going.
+Writes ``<out>/<name>-curves.json`` (per rung: the summary and every seed's curves),
+``<out>/<name>-curves.png`` and, where rungs have a critic, ``<out>/<name>-critic.png``. Reads
+finished and unfinished runs alike (say which in the JSON), so it can be run while a ladder is still
+going.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ def run_curves(run: Path) -> dict[str, Any]:
                                                                            and not k.endswith(("_low", "_high"))), None),
             "length": m.get("val/response_length_mean")} for s, m in sorted(metrics.items()) if any(k.startswith("val/avg@") for k in m)]
     finished = (run / "manifest.json").is_file()
-    # The bias picture over training (VC-PPO fig. 4's quantities): value and advantage by position
-    # (16 bins of the response) at the first and the last step, where the run has a critic.
+    # The bias picture over training: value and advantage by position (up to 16 bins of the positions
+    # up to the step's longest response) at the first and the last step, where the run has a critic.
     logged = [s for s in steps if metrics.get(s, {}).get("critic/value_by_position")]
     by_position = {end: {"step": s, "value": metrics[s]["critic/value_by_position"], "advantage": metrics[s].get("actor/advantage_by_position")}
                    for end, s in (("first", logged[0]), ("last", logged[-1]))} if logged else None
@@ -187,7 +189,7 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
            "val_length_first": _mean([c["validation"][0]["length"] for c in full if c["validation"]]),
            "val_length_last": _mean([c["validation"][-1]["length"] for c in full if c["validation"]]),
            "val_acc_first": first_val, "val_acc_last": last_val, "val_change": val_change(runs),
-           # a critic's bias: its value minus the return, the mean over the step's tokens (VC-PPO §3)
+           # a critic's bias: its value minus the return, the mean over the step's tokens
            **{f"value_bias_{end}5": _mean([_mean([r["value_mean"] - r["returns_mean"] for r in c["steps"] if span[0] <= r["step"] <= span[1]
                                                   and r.get("value_mean") is not None and r.get("returns_mean") is not None]) for c in full]) if common else None
               for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
