@@ -101,7 +101,8 @@ def run_curves(run: Path) -> dict[str, Any]:
         per_step.append({"step": s, **step_stats(run / "rollouts" / f"step_{s}.parquet"), "entropy": m.get("actor/entropy"),
                          "clip_upper": m.get("actor/clipfrac_upper"), "clip_lower": m.get("actor/clipfrac_lower"), "step_s": m.get("perf/step_s"),
                          # a critic's runs (PPO, VC-PPO): its value against the return it is trained on, and by position
-                         **{k: m.get(f"critic/{k}") for k in CRITIC_KEYS}})
+                         **{k: m.get(f"critic/{k}") for k in CRITIC_KEYS},
+                         "value_bias": m["critic/value_mean"] - m["critic/returns_mean"] if "critic/value_mean" in m and "critic/returns_mean" in m else None})
     val = [{"step": s, "acc": m["val/avg@2"] if "val/avg@2" in m else next((v for k, v in m.items() if k.startswith("val/avg@") and k.count("/") == 1
                                                                            and not k.endswith(("_low", "_high"))), None),
             "length": m.get("val/response_length_mean")} for s, m in sorted(metrics.items()) if any(k.startswith("val/avg@") for k in m)]
@@ -190,9 +191,7 @@ def summarise(rung_dir: Path) -> dict[str, Any]:
            "val_length_last": _mean([c["validation"][-1]["length"] for c in full if c["validation"]]),
            "val_acc_first": first_val, "val_acc_last": last_val, "val_change": val_change(runs),
            # a critic's bias: its value minus the return, the mean over the step's tokens
-           **{f"value_bias_{end}5": _mean([_mean([r["value_mean"] - r["returns_mean"] for r in c["steps"] if span[0] <= r["step"] <= span[1]
-                                                  and r.get("value_mean") is not None and r.get("returns_mean") is not None]) for c in full]) if common else None
-              for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
+           **{f"value_bias_{end}5": window("value_bias", *span) if common else None for end, span in (("first", (1, 5)), ("last", (common - 4, common)))},
            "clip_upper_mean": _mean([r["clip_upper"] for c in full for r in c["steps"]]),
            "clip_lower_mean": _mean([r["clip_lower"] for c in full for r in c["steps"]]),
            "step_s_median": statistics.median([r["step_s"] for c in full for r in c["steps"] if r["step_s"]]) if full else None}
@@ -264,8 +263,8 @@ def plot_critic(doc: dict[str, Any], path: Path) -> bool:
     for rung, r in rungs.items():
         c = colours[names.index(rung) % len(colours)]
         for seed in r["seeds"].values():
-            rows = [x for x in seed["steps"] if x.get("value_mean") is not None and x.get("returns_mean") is not None]
-            axes[0].plot([x["step"] for x in rows], [x["value_mean"] - x["returns_mean"] for x in rows], color=c, alpha=0.6, lw=1,
+            rows = [x for x in seed["steps"] if x.get("value_bias") is not None]
+            axes[0].plot([x["step"] for x in rows], [x["value_bias"] for x in rows], color=c, alpha=0.6, lw=1,
                          label=rung if seed is next(iter(r["seeds"].values())) else None)
             rows = [x for x in seed["steps"] if x.get("explained_variance") is not None]
             axes[3].plot([x["step"] for x in rows], [max(x["explained_variance"], -1.0) for x in rows], color=c, alpha=0.6, lw=1)
