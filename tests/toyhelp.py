@@ -67,3 +67,16 @@ class CountingTokenizer:
         if self.refuse_over is not None and len(text) > self.refuse_over:
             raise AssertionError(f"the tokenizer was called on a text of {len(text)} characters")
         return self.tok(text, **kw)
+
+
+def jsonl_records(path: Path) -> list[dict]:
+    """The records of a ``.jsonl`` a run may still be appending to: its complete lines only (a line
+    the writer has not finished yet, without its newline, is not read; a reader can see a write
+    half-copied), [] while the file does not exist. A complete line that is not JSON still fails."""
+    import json
+
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    return [json.loads(ln) for ln in text.split("\n")[:-1] if ln.strip()]

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clihelp import assert_user_error, run_cli
+from toyhelp import jsonl_records
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ def rollouts(prepared, format_model, tmp_path_factory):
 
 
 def _lines(path):
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln]
+    return jsonl_records(path)  # (complete lines: a run being watched or just killed may have one half-written)
 
 
 def test_rollout_manifest_names_its_policy(rollouts, format_model):

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
+from toyhelp import jsonl_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -73,10 +74,7 @@ def _weights(path: Path) -> dict:
 
 
 def _lines(out: Path) -> int:
-    try:
-        return sum(1 for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip())
-    except OSError:
-        return 0
+    return len(jsonl_records(out / "metrics.jsonl"))  # (complete lines: the run is being watched)
 
 
 def _mtime(path: Path) -> float:

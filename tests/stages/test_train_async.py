@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from clihelp import assert_same_run, assert_user_error, crashed_copy, run_cli
+from toyhelp import jsonl_records
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ SMALL = ["--algo", "grpo", "--engine", "hf", "--dtype", "fp32", "--group-size", 
 
 
 def _lines(out: Path) -> list[dict]:
-    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
+    return jsonl_records(out / "metrics.jsonl")  # (complete lines: a run being watched may have one half-written)
 
 
 def test_async_steps_train_one_step_off_and_resume_exactly(prepared, format_model, tmp_path):
