@@ -63,7 +63,7 @@ def _train_args(model: Path, data: Path, out: Path, save_every: int = 1) -> list
 
 
 def _metrics(out: Path) -> list[dict]:
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    lines = jsonl_records(out / "metrics.jsonl")  # (a SIGKILL mid-append leaves a torn last line: the resumed run drops it)
     return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in lines]
 
 
