@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+from reasonrl.devices import machine
 from reasonrl.errors import MissingArtifactError, ReasonRLError
 
 MANIFEST = "manifest.json"
@@ -190,7 +191,9 @@ def last_record(path: str | Path, max_step: int | None = None) -> dict[str, Any]
 def write_manifest(out_dir: str | Path, stage: str, config: dict[str, Any], inputs: dict[str, str | Path | None], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``out_dir/manifest.json`` (call it last, after every output is on disk). Config values
     that were hub names (a model ``ORG/NAME[@REVISION]``, data ``hf:ORG/NAME...``) get a ``hub``
-    entry: the repository and the commit they resolved to (``reasonrl.models.hub``)."""
+    entry: the repository and the commit they resolved to (``reasonrl.models.hub``); ``machine`` says
+    what computed the outputs (the CPU and its flags, the GPU, the dtype "auto" resolved to:
+    :func:`reasonrl.devices.machine`)."""
     from reasonrl.models.hub import manifest_records
 
     hub = manifest_records(config)
@@ -200,6 +203,7 @@ def write_manifest(out_dir: str | Path, stage: str, config: dict[str, Any], inpu
         "config": config,
         "inputs": {k: {"path": str(v), "sha256": hash_path(v)} for k, v in inputs.items() if v is not None and Path(v).exists()},
         "versions": versions(),
+        "machine": machine(config["dtype"] if isinstance(config.get("dtype"), str) else None),
         **({"hub": hub} if hub else {}),
         **(extra or {}),
     }

@@ -48,6 +48,35 @@ def hardware_bf16() -> bool:
         return False
 
 
+def machine(dtype: str | None = None) -> dict[str, Any]:
+    """What computed a stage's outputs, for its manifest: the CPU's model name and its bf16 / AMX /
+    AVX-512 flags (they decide ``--dtype auto`` and the kernels, and fp32 rounds differently from
+    one CPU to the next), the CPUs this process may use, the GPU when torch sees one, and ``dtype``
+    resolved ("auto" → what it meant here; omitted for a stage without one)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    cpu, flags = None, []
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and cpu is None:
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = sorted(f for f in value.split() if f.startswith(("avx512", "amx")))
+                break
+    except OSError:
+        pass
+    out: dict[str, Any] = {"cpu": cpu or platform.processor(), "cpu_flags": flags, "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    torch = sys.modules.get("torch")  # a stage that never loaded torch has no GPU to name
+    if torch is not None and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    if dtype is not None:
+        out["dtype"] = resolve_dtype(dtype)
+    return out
+
+
 def resolve_dtype(name: str) -> str:
     """A dtype name → "bf16", "fp16" or "fp32"; "auto" is "bf16" where the hardware computes in
     bf16 (:func:`hardware_bf16`), else "fp32". Unknown names: ValueError naming the valid ones."""
