@@ -37,6 +37,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from reasonrl.artifacts import MANIFEST, open_new, write_json
+from reasonrl.devices import resolve_dtype
 from reasonrl.errors import ReasonRLError
 from reasonrl.rundir import RunDir, claim, write_failure
 from reasonrl.tracking.base import TRACKER_OUTPUTS
@@ -251,10 +252,30 @@ def _check_same_config(out: Path, config: dict[str, Any]) -> None:
     if not saved:
         raise ReasonRLError(f"--resume: {out}/config.json is missing or unreadable, so the run's settings cannot be checked against "
                             "this one's: start over with --overwrite")
-    changed = [k for k, v in config.items() if k in saved and k not in RESUMABLE_CHANGES and _norm(saved[k]) != _norm(v)]
+    known = "dtype_resolved" in saved  # (the dtype is checked as it resolves, below)
+    changed = [k for k, v in config.items() if k in saved and k not in RESUMABLE_CHANGES and not (known and k == "dtype") and _norm(saved[k]) != _norm(v)]
     if changed:
         what = ", ".join(f"{k} ({saved[k]!r} → {config[k]!r})" for k in changed)
         raise ReasonRLError(f"--resume with changed settings: {what}; resume with the run's settings or start over with --overwrite")
+    if known and isinstance(config.get("dtype"), str):
+        _check_same_dtype(saved, config["dtype"])
+
+
+def _check_same_dtype(saved: dict[str, Any], dtype: str) -> None:
+    """A run computes in the dtype it started in (config.json's ``dtype_resolved``: "auto" resolved on
+    the machine it started on). Resumed where ``--dtype`` resolves to another (auto on a CPU with
+    native bf16 after one without, or the reverse), it would go on in that dtype and be another run:
+    one line naming the ``--dtype`` that keeps it (an explicit dtype that resolves the same may
+    replace "auto")."""
+    was = saved["dtype_resolved"]
+    try:
+        now = resolve_dtype(dtype)
+    except ValueError as e:
+        raise ReasonRLError(str(e)) from None
+    if now != was:
+        where = " where it started" if saved.get("dtype") == "auto" else ""
+        raise ReasonRLError(f"--resume: the run computes in {was} (--dtype {saved.get('dtype', was)}{where}), and --dtype {dtype} is {now} here; "
+                            f"resume with --dtype {was} to go on with the same run, or start over with --overwrite")
 
 
 def _norm(v: Any) -> Any:

@@ -78,6 +78,27 @@ def test_a_crashed_run_is_never_deleted_by_a_plain_rerun(prepared, tiny_model, t
     assert (out / "policy.partial").is_dir() and [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
+def test_a_resume_goes_on_in_the_dtype_the_run_started_in(prepared, tiny_model, tmp_path):
+    """config.json's dtype_resolved is what the run computes in. A --resume where --dtype resolves
+    to another (as "auto" does on a CPU with native bf16 after one without) is refused with the
+    --dtype that keeps the run; that dtype spelled out in place of "auto" resumes it."""
+    out = tmp_path / "run"
+    base = ["train", "--model", tiny_model, "--data", prepared, "--out", out, "--save-every", "1", *SMALL]
+    assert run_cli(*base, "--steps", "1").exit_code == 0
+    (out / "manifest.json").unlink()  # as after a crash before the end
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert cfg["dtype"] == "fp32" and cfg["dtype_resolved"] == "fp32"
+    cfg_path.write_text(json.dumps({**cfg, "dtype": "auto", "dtype_resolved": "bf16"}))  # as if started with auto on a bf16 CPU
+    line = assert_user_error(run_cli(*base, "--steps", "2", "--resume"), "computes in bf16", "--dtype auto where it started", "--dtype bf16")
+    assert "changed settings" not in line
+    cfg_path.write_text(json.dumps({**cfg, "dtype": "auto"}))  # started with auto where auto was fp32: fp32 spelled out goes on
+    r = run_cli(*base, "--steps", "2", "--resume")
+    assert r.exit_code == 0, r.output
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert json.loads(cfg_path.read_text())["dtype_resolved"] == "fp32"
+
+
 def test_out_cannot_be_the_model(prepared, tiny_model, tmp_path):
     import shutil
 
