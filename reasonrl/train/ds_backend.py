@@ -145,15 +145,17 @@ def init_distributed() -> tuple[int, int]:
 
 
 def leave_group() -> None:
-    """Destroy the process group (at exit, registered by :func:`init_distributed` for the group it
+    """Destroy a gloo process group (at exit, registered by :func:`init_distributed` for the group it
     started): while the interpreter is still whole. A process that exits with the group alive
     leaves it to the interpreter's teardown, where gloo's worker threads can still hold tensors and
     abort the process (SIGABRT, "terminate called without an active exception"; pytorch#190489):
     measured here, 8 of 12 torchrun launches of 4 gloo ranks that exit after a few collectives, none
-    of 12 with the group destroyed first. A rank that aborts so fails the whole launch."""
+    of 12 with the group destroyed first. A rank that aborts so fails the whole launch. gloo's
+    destroy is the rank's own; NCCL's is collective (every rank must call it or it hangs, as a rank
+    leaving on an error while its peers wait would), so an NCCL group is left to NCCL's teardown."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - at exit, a group already torn down by a peer's failure
