@@ -404,9 +404,12 @@ def test_a_spec_plans_its_rungs_and_critics(tmp_path):
 # ------------------------------------------------------------------------------------ the table (no runs)
 
 
-def _finished_run(d: Path, vals: dict[int, list[float]]) -> None:
-    """A finished train run as the table reads it: its manifest, validation.jsonl (per problem) and metrics.jsonl."""
+def _finished_run(d: Path, vals: dict[int, list[float]], dtype: str | None = None) -> None:
+    """A finished train run as the table reads it: its manifest, validation.jsonl (per problem) and metrics.jsonl
+    (and config.json's dtype_resolved, given a dtype)."""
     d.mkdir(parents=True)
+    if dtype is not None:
+        (d / "config.json").write_text(json.dumps({"dtype": "auto", "dtype_resolved": dtype}))
     (d / "manifest.json").write_text(json.dumps({"stage": "train"}))
     (d / "validation.jsonl").write_text("".join(json.dumps({"step": s, "where": ["p1", "p2"], "avg@2": v}) + "\n" for s, v in vals.items()))
     (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "actor/entropy": 0.5}) + "\n" for s in range(max(vals) + 1)))
@@ -441,6 +444,33 @@ def test_the_delta_says_when_final_validations_are_at_different_steps(tmp_path):
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("b "))
     assert "†" in row and "†" not in next(ln for ln in text.splitlines() if ln.strip().startswith("c "))
     assert "† b: final validations at different steps (seed 0: step 6 vs 8)" in " ".join(text.split())
+
+
+def test_the_delta_says_when_paired_runs_computed_in_different_dtypes(tmp_path):
+    """A ladder whose runs ran on machines where --dtype auto resolves differently (bf16 on one CPU,
+    fp32 on the next; job-array nodes): the rung whose seed pairs an fp32 run with a bf16 one is
+    marked, ablation.json names the seed and the dtypes; runs in one dtype (or without a record) are not."""
+    from rich.console import Console
+
+    from reasonrl.stages.ablation.stats import summarise
+    from reasonrl.stages.ablation.table import print_table
+
+    out = tmp_path / "abl"
+    for name, dtypes in (("a", ("bf16", "fp32")), ("b", ("fp32", "fp32")), ("c", ("fp32", None))):
+        for s, dt in enumerate(dtypes):
+            _finished_run(out / name / f"seed-{s}", {0: [0.0, 0.0], 4: [0.5, 0.5]}, dt)
+    plan = {"source": "spec", "base": "x.toml", "steps": 4, "val_every": 4, "seeds": [0, 1],
+            "rungs": [{"name": n, "sets": {}, "pretrained_critic": False} for n in "abc"]}
+    doc = summarise(plan, out, {}, 20)
+    a, b, c = doc["rungs"]
+    assert a["dtypes"] == {"0": "bf16", "1": "fp32"} and c["dtypes"] == {"0": "fp32", "1": None}
+    assert b["vs_previous"]["dtypes_differ"] == [{"seed": 0, "dtype": "fp32", "previous_dtype": "bf16"}]
+    assert "dtypes_differ" not in c["vs_previous"]
+    console = Console(record=True, width=80)
+    print_table(doc, console)
+    text = console.export_text()
+    assert "‡" in next(ln for ln in text.splitlines() if ln.strip().startswith("b ")) and "‡" not in next(ln for ln in text.splitlines() if ln.strip().startswith("c "))
+    assert "‡ b: runs in different dtypes (seed 0: fp32 vs bf16)" in " ".join(text.split())
 
 
 def test_a_rung_names_the_rung_its_delta_is_paired_against(tmp_path):

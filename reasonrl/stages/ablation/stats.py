@@ -4,6 +4,7 @@ the difference to the previous rung, paired by seed and problem."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -58,13 +59,23 @@ def run_stats(d: Path) -> dict[str, Any] | None:
         return _mean(xs)
 
     ent = [float(m["actor/entropy"]) for m in metrics if isinstance(m.get("actor/entropy"), (int, float))]
-    return {"metric": key, "where": where, "curve": [[s, _mean(v)] for s, v in curve], "final": curve[-1][1], "final_step": curve[-1][0],
+    return {"metric": key, "dtype": _dtype(d), "where": where, "curve": [[s, _mean(v)] for s, v in curve], "final": curve[-1][1], "final_step": curve[-1][0],
             "best": curve[best][1], "best_step": curve[best][0], "auc": auc, "entropy_final": ent[-1] if ent else math.nan,
             "clipfrac_upper": avg("actor/clipfrac_upper"), "clipfrac_lower": avg("actor/clipfrac_lower"),
             "response_length": avg("rollout/response_length_mean"), "truncated_frac": avg("rollout/truncated_frac"),
             "ds_rounds": avg("rollout/ds_rounds"), "step_s": avg("perf/step_s"),
             "peak_rss_gib": max((float(m["perf/peak_rss_gib"]) for m in metrics if isinstance(m.get("perf/peak_rss_gib"), (int, float))), default=math.nan),
             "checkpoint_mib": _size_mib(latest_checkpoint(d))}
+
+
+def _dtype(d: Path) -> str | None:
+    """The dtype a train run computed in (its config.json's ``dtype_resolved``: ``--dtype auto``
+    resolved on the machine it ran on), or None when config.json does not say."""
+    try:
+        v = json.loads((d / "config.json").read_text(encoding="utf-8")).get("dtype_resolved")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, str) else None
 
 
 def _size_mib(d: Path | None) -> float:
@@ -115,6 +126,14 @@ def _steps_differ(after: dict[int, dict[str, Any]], before: dict[int, dict[str, 
             if s in before and after[s]["where"] == before[s]["where"] and after[s]["final_step"] != before[s]["final_step"]]
 
 
+def _dtypes_differ(after: dict[int, dict[str, Any]], before: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The paired seeds whose runs computed in different dtypes (a ladder whose runs ran on machines
+    where ``--dtype auto`` means bf16 and fp32: job-array nodes, sessions on other CPUs): their Δ
+    compares two dtypes as well as two rungs."""
+    return [{"seed": s, "dtype": after[s]["dtype"], "previous_dtype": before[s]["dtype"]} for s in sorted(after)
+            if s in before and after[s].get("dtype") and before[s].get("dtype") and after[s]["dtype"] != before[s]["dtype"]]
+
+
 def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot: int) -> dict[str, Any]:
     """ablation.json: one entry per rung (the numbers of its finished runs) and each run's status."""
     rows: list[dict[str, Any]] = []
@@ -148,12 +167,16 @@ def summarise(plan_doc: dict[str, Any], out: Path, jobs: dict[str, Job], n_boot:
                       "checkpoint_mib"):
                 row[k] = _mean([v[k] for v in vals])
             row["curves"] = {str(s): v["curve"] for s, v in stats.items()}
+            row["dtypes"] = {str(s): v["dtype"] for s, v in stats.items()}
             other, other_name = (by_name.get(r["vs"]), r["vs"]) if r.get("vs") else (prev, prev_name)  # (the rung above, or the one it names)
             if other:
                 row["vs_previous"] = {"rung": other_name, "final": _paired(stats, other, "final", n_boot), "auc": _paired(stats, other, "auc", n_boot)}
                 differ = _steps_differ(stats, other)
                 if differ:
                     row["vs_previous"]["steps_differ"] = differ
+                dtypes = _dtypes_differ(stats, other)
+                if dtypes:
+                    row["vs_previous"]["dtypes_differ"] = dtypes
         rows.append(row)
         prev, prev_name = stats, r["name"]
         by_name[r["name"]] = stats

@@ -45,9 +45,15 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
         differ = (r.get("vs_previous") or {}).get("steps_differ") or []
         if differ:  # a Δ over two training lengths: marked, and said under the table
             notes.append(f"† {r['name']}: final validations at different steps ("
-                         + ", ".join(f"seed {d['seed']}: step {d['final_step']} vs {d['previous_final_step']}" for d in differ) + ")")
+                         + ", ".join(f"seed {d['seed']}: step {d['final_step']} vs {d['previous_final_step']}" for d in differ) + ")"
+                         + " (early stopping, or another val_every: the Δ compares two training lengths)")
+        dtypes = (r.get("vs_previous") or {}).get("dtypes_differ") or []
+        if dtypes:  # a Δ over two dtypes (runs on machines where --dtype auto differs): marked, and said
+            notes.append(f"‡ {r['name']}: runs in different dtypes ("
+                         + ", ".join(f"seed {d['seed']}: {d['dtype']} vs {d['previous_dtype']}" for d in dtypes) + ")"
+                         + " (--dtype auto on machines with and without native bf16: the Δ compares two dtypes too)")
         acc.add_row(r["name"], seeds, _pct(r.get("final")), _pct(r.get("best"), ci=False), _pct(r.get("auc"), ci=False),
-                    _pct(vs, signed=True) + ("†" if differ else ""))
+                    _pct(vs, signed=True) + ("†" if differ else "") + ("‡" if dtypes else ""))
         train.add_row(r["name"], _num(r.get("entropy_final")), _num(r.get("clipfrac_upper"), "{:.4f}"), _num(r.get("clipfrac_lower"), "{:.4f}"),
                       _num(r.get("response_length"), "{:.1f}"), _num(r.get("truncated_frac"), "{:.2f}"), _num(r.get("ds_rounds"), "{:.2f}"))
         cost.add_row(r["name"], _num(r.get("step_s"), "{:.2f}"), _num(r.get("peak_rss_gib"), "{:.2f}"), _num(r.get("checkpoint_mib"), "{:.1f}"))
@@ -55,7 +61,7 @@ def print_table(doc: dict[str, Any], console: Any) -> None:
     if named:
         acc.caption = f"{acc.caption}; Δ of " + ", ".join(named)
     if notes:
-        acc.caption = f"{acc.caption}\n" + "\n".join(notes) + " (early stopping, or another val_every: the Δ compares two training lengths)"
+        acc.caption = f"{acc.caption}\n" + "\n".join(notes)
     console.print(acc)
     console.print(train)
     console.print(cost)
