@@ -61,6 +61,8 @@ SCRIPT = textwrap.dedent(
         parts = [res]
     if rank == 0:
         json.dump(parts, open(OUT, "w"))
+    if world > 1:  # (left to the interpreter's teardown, gloo can abort a rank: reasonrl.train.ds_backend.leave_group)
+        dist.destroy_process_group()
     """
 )
 
