@@ -168,7 +168,9 @@ def job_shm_names(token: str | None) -> Iterator[None]:
     (errno 17, EEXIST), and a job that died (SIGKILL, abort) leaves them behind, which then refuses
     every later job on the machine ("create shm in SHMManager failed"). A token drawn per engine
     group gives each job its own; a dead job's segments are then only left over, not in the way.
-    (The ``//`` of ``env://`` goes: a shared-memory name holds no slash but a leading one.)"""
+    (The ``//`` of ``env://`` goes: a shared-memory name holds no slash but a leading one.) vLLM's
+    AVX2 build (a CPU without AVX-512) has no shared-memory all-reduce: its groups go through gloo
+    and make no segments, so there is nothing to rename."""
     try:
         from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
     except ImportError:  # a vLLM without this CPU communicator: nothing to rename
