@@ -91,6 +91,30 @@ def test_every_train_run_checkpoints_at_its_validation_steps(tmp_path):
     assert "--save-every 2 --keep-last 3" in make_jobs(plan, tmp_path)[0].line()
 
 
+def test_a_stopped_run_resumes_in_the_dtype_it_began_in(tmp_path):
+    """A ladder resumed where --dtype auto resolves otherwise (a later session's or another node's CPU,
+    with native bf16 where the first had none, or the reverse): the resume names the dtype the run began
+    in, which train requires; where auto resolves the same, or the run's dtype was explicit, it does not."""
+    from reasonrl.devices import resolve_dtype
+
+    (tmp_path / "data").mkdir()
+    plan = make_plan(AblateConfig(preset="dapo", seeds=1, out=str(tmp_path), sets=[f"data={tmp_path / 'data'}"]))
+    here, other = resolve_dtype("auto"), {"bf16": "fp32", "fp32": "bf16"}[resolve_dtype("auto")]
+    d = tmp_path / plan.rungs[0].name / "seed-0"
+    (d / "checkpoints" / "step_2").mkdir(parents=True)
+    (d / "checkpoints" / "step_2" / "trainer_state.json").write_text("{}")
+    for cfg, pinned in (({"dtype": "auto", "dtype_resolved": other}, other), ({"dtype": "auto", "dtype_resolved": here}, None),
+                        ({"dtype": other, "dtype_resolved": other}, None), (None, None)):
+        if cfg is None:
+            (d / "config.json").write_text("{not json")  # damaged: train --resume reports it
+        else:
+            (d / "config.json").write_text(json.dumps(cfg))
+        job = make_jobs(plan, tmp_path)[0]
+        assert job.start == "resume" and job.argv[-1] == "--resume", job.line()
+        assert (job.argv[-3:-1] == ["--dtype", pinned]) if pinned else "--dtype" not in job.argv, (cfg, job.line())
+        assert "--dtype" not in make_jobs(plan, tmp_path)[1].argv  # a run not begun takes the recipe's dtype
+
+
 def test_set_takes_trains_filter_rollouts_by_either_name(tmp_path):
     """Issue 37: `--set filter_rollouts=DIR` reaches every train run; `--set rollouts=DIR`, its old name, too
     (with the old name, the critics' pretrain-value runs take it as well, as before: their `rollouts`)."""

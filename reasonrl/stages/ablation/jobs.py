@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from reasonrl import cpu_share
 from reasonrl.artifacts import MANIFEST
+from reasonrl.devices import resolve_dtype
 from reasonrl.stages.ablation.plan import CRITICS, Plan, critic_dir, run_dir, run_sets, train_options
 
 def state(d: Path, stage: str) -> str:
@@ -85,12 +86,26 @@ def make_jobs(plan: Plan, out: Path) -> list[Job]:
             opts = train_options(plan, r, s, out, steps=plan.steps, val_every=plan.val_every)
             argv = _cli("train", "--config", plan.base, *_set_args(run_sets(plan, r)),
                         *[a for k, v in opts.items() for a in ("--" + k.replace("_", "-"), v)],
+                        *(["--dtype", began] if st == "resume" and (began := _began_in_another_dtype(d)) else []),
                         *(["--resume"] if st == "resume" else ["--overwrite"] if st == "restart" else []))
             jobs.append(Job("train", r.name, s, d, argv, logs / f"{r.name}-seed-{s}.log", needs=critics.get(s) if r.pretrained_critic else None, start=st))
     for j in jobs:
         if j.start == "finished":
             j.status = "skipped"
     return jobs
+
+
+def _began_in_another_dtype(d: Path) -> str | None:
+    """The dtype a stopped run began in (its config.json's ``dtype_resolved``) where its ``--dtype auto``
+    resolves to another here (a ladder resumed in a later session, or on another node, whose CPU has
+    native bf16 where the first had not, or the reverse); else None. A run finishes in the dtype it
+    began in: train refuses a resume that would change it, so the resume names it."""
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+        began = cfg["dtype_resolved"] if cfg.get("dtype") == "auto" else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # (train --resume reports a damaged config.json itself)
+    return began if isinstance(began, str) and began != resolve_dtype("auto") else None
 
 
 def drop_checkpoints(job: Job) -> bool:
