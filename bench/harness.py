@@ -81,26 +81,21 @@ def cli_env() -> dict[str, str]:
 
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), for a result's record and a cache's key."""
-    import platform
+    from reasonrl.devices import machine
 
-    try:
-        return next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")),
-                    platform.processor())
-    except OSError:
-        return platform.processor()
+    return machine()["cpu"]
 
 
 def cpu_key() -> dict[str, Any]:
     """What makes two timings comparable: the CPU (model name and its bf16/AMX/AVX-512 flags, which
-    decide ``--dtype auto`` and the GEMM kernels), the CPUs available and torch's version."""
+    decide ``--dtype auto`` and the GEMM kernels), the CPUs available and torch's version: a stage
+    manifest's ``machine`` (:func:`reasonrl.devices.machine`) under this cache's key names."""
     import torch
 
-    try:
-        flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return {"cpu": cpu_name(), "flags": sorted(f for f in flags if f.startswith(("avx512", "amx"))), "cpus": len(os.sched_getaffinity(0)),
-            "torch": torch.__version__}
+    from reasonrl.devices import machine
+
+    m = machine()
+    return {"cpu": m["cpu"], "flags": m["cpu_flags"], "cpus": m["cpus"], "torch": torch.__version__}
 
 
 def run_logged(cmd: list[str], log: Path) -> None:
