@@ -267,11 +267,7 @@ def _check_same_dtype(saved: dict[str, Any], dtype: str) -> None:
     native bf16 after one without, or the reverse), it would go on in that dtype and be another run:
     one line naming the ``--dtype`` that keeps it (an explicit dtype that resolves the same may
     replace "auto")."""
-    was = saved["dtype_resolved"]
-    try:
-        now = resolve_dtype(dtype)
-    except ValueError as e:
-        raise ReasonRLError(str(e)) from None
+    was, now = saved["dtype_resolved"], resolve_dtype(dtype)  # (dtype was checked with the config: EngineOptions)
     if now != was:
         where = " where it started" if saved.get("dtype") == "auto" else ""
         raise ReasonRLError(f"--resume: the run computes in {was} (--dtype {saved.get('dtype', was)}{where}), and --dtype {dtype} is {now} here; "
