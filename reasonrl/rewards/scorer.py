@@ -281,22 +281,32 @@ class _Pool:
         return list(self._spawned.values())
 
     def kill(self) -> None:
-        """Shut the pool down now: SIGKILL its workers (idle or stuck) and reap them."""
+        """Shut the pool down now: SIGKILL its workers (idle or stuck), reap them, and wait for the
+        executor's manager thread to end.
+
+        The wait is for the interpreter's exit: CPython's exit hook for process pools wakes every
+        manager thread still running, and its wake-up (unlocked, CPython 3.11) can write to the pipe
+        the manager thread is closing that very moment ("Exception ignored in: <module 'threading'>
+        ... OSError: [Errno 9] Bad file descriptor" on stderr of a run stopped right after a kill).
+        """
         with _stops_held():  # (a second signal does not cut the kill short: no worker is left unkilled)
             processes = self.processes
+            manager = getattr(self.executor, "_executor_manager_thread", None)  # (shutdown forgets it)
             kill_workers = getattr(self.executor, "kill_workers", None)  # Python >= 3.14
             if not processes and kill_workers is not None:
                 kill_workers()
-                return
-            try:
-                self.executor.shutdown(wait=False, cancel_futures=True)
-            except Exception:  # noqa: BLE001
-                pass
-            for p in processes:
-                if p.is_alive():
-                    p.kill()
-            for p in processes:
-                p.join(5.0)
+            else:
+                try:
+                    self.executor.shutdown(wait=False, cancel_futures=True)
+                except Exception:  # noqa: BLE001
+                    pass
+                for p in processes:
+                    if p.is_alive():
+                        p.kill()
+                for p in processes:
+                    p.join(5.0)
+            if manager is not None and manager is not threading.current_thread():
+                manager.join(5.0)  # (its workers are dead: it closes its pipes and ends at once)
 
 
 class _PoolHolder:

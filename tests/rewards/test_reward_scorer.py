@@ -175,6 +175,29 @@ def test_without_context_manager_and_close() -> None:
     assert threading.active_count() <= baseline_threads
 
 
+def test_close_returns_after_the_pools_manager_thread_has_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that exits right after a close must find no process pool still shutting down: CPython's
+    exit hook wakes every live manager thread without the lock the thread closes its pipe under, and
+    on a loaded machine that wake-up wrote to a closed pipe (a traceback on a stopped run's stderr).
+    The manager thread's own shutdown is slowed here (the real one), so a close that returned before
+    it ended would be caught."""
+    import concurrent.futures.process as cfp
+
+    real = cfp._ExecutorManagerThread.join_executor_internals
+
+    def slow(self: cfp._ExecutorManagerThread) -> None:
+        time.sleep(1.0)
+        real(self)
+
+    monkeypatch.setattr(cfp._ExecutorManagerThread, "join_executor_internals", slow)
+    s = RewardScorer(num_workers=1, timeout_s=TIMEOUT_S)
+    assert s.score("\\boxed{\\frac{6}{8}}", "0.75").reward == 1.0
+    managers = [t for t in threading.enumerate() if isinstance(t, cfp._ExecutorManagerThread)]
+    assert len(managers) == 1 and managers[0].is_alive()
+    s.close()
+    assert not managers[0].is_alive()
+
+
 def test_in_process_mode() -> None:
     s = RewardScorer(num_workers=0)
     scores, stats = s.score_batch(["Answer: 0.5", "Answer: 3"], ["1/2", "3"])
