@@ -19,6 +19,7 @@ from reasonrl.rewards.verify import (
     math_reward,
     math_verify_equivalent,
     score,
+    unevaluated_arithmetic,
 )
 
 __all__ = [
@@ -37,4 +38,5 @@ __all__ = [
     "math_reward",
     "math_verify_equivalent",
     "score",
+    "unevaluated_arithmetic",
 ]

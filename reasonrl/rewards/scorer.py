@@ -3,13 +3,14 @@
 :class:`RewardScorer` scores a batch of responses in three tiers:
 
 1. *No answer* (nothing to extract): -1, status "no_answer", no work at all.
-2. *Fast path*: the extracted answer and the ground truth both spell integers (most DAPO items);
-   compared in this process, no math-verify.
+2. *Fast path*: the extracted answer and the ground truth both spell integers (most DAPO items),
+   or the rule refuses the answer (words the ground truth lacks, arithmetic left undone against an
+   integer: ``reasonrl.rewards.verify.decide_by_rule``); decided in this process, no math-verify.
 3. Everything else goes to math-verify in a ``concurrent.futures.ProcessPoolExecutor`` with a
    per-item time limit. Identical (answer, ground truth) pairs of a batch are verified once.
 
-Timeouts. sympy can run for minutes or forever on some answers (``9^{9^{9^{9}}}`` against an
-integer does not finish in 10 minutes). An item is given ``timeout_s`` seconds from the moment it
+Timeouts. sympy can run for minutes or forever on some answers (``9^{9^{9^{9}}}`` against a
+decimal does not finish; against an integer the rule refuses it first). An item is given ``timeout_s`` seconds from the moment it
 is handed to an idle, warmed-up worker (at most ``num_workers`` items are in flight, so an item
 never waits in a queue on the clock). When it runs past that, the item scores -1 with status
 "timeout" and the whole pool is killed (SIGKILL) and replaced on next use: a worker stuck in

@@ -9,7 +9,10 @@ between two items is a list comma. Then equivalence is decided in three steps:
    DAPO-Math-17K item ends here. A comma followed by a space separates a list ("32, 349" is two
    numbers, not 32349).
 2. An answer holding words that are not in the ground truth, not units and not math function
-   names ("42 and above", "3 or more") is wrong (:func:`unexpected_words`).
+   names ("42 and above", "3 or more") is wrong (:func:`unexpected_words`); so is arithmetic left
+   undone against an integer ground truth ("2 + 6 + 4 + 1 + 1 + 8" for 22, ``\\frac{50}{2}`` for
+   25: :func:`unevaluated_arithmetic`), which a policy learned to write on a task that asks for a
+   sum (restating the question).
 3. Anything else goes through math-verify (``parse`` + ``verify``), with the answer wrapped in
    ``$...$`` (math-verify's LaTeX extractor ignores bare LaTeX such as ``2\\sqrt{3}``). Its own
    unit removal is off: it drops any trailing word of an open list ("ab", "c", "t", "more") and, in
@@ -42,6 +45,7 @@ __all__ = [
     "answers_equivalent",
     "decide_by_rule",
     "unexpected_words",
+    "unevaluated_arithmetic",
     "integer_equivalent",
     "math_reward",
     "math_verify_equivalent",
@@ -138,15 +142,48 @@ def unexpected_words(pred: str, ground_truth: str | int) -> list[str]:
     return [w for w in _WORD.findall(bare(pred)) if w.lower() not in allowed and not set(w) <= letters]
 
 
+# An operation left to do: a binary operator between two numbers (or bracketed groups), or a
+# command that computes. A sign before a number ("-7", "(-7)") has no number before it.
+_OPERATION = re.compile(
+    r"[\d)\]}]\s*+(?:[-+*/^×÷·−]|\\(?:times|cdot|div|ast)(?![a-zA-Z]))\s*+[\d(\[{\\]"
+    r"|\\[dt]?frac(?![a-zA-Z])|\\sqrt(?![a-zA-Z])|\\binom(?![a-zA-Z])|\\choose(?![a-zA-Z])|\d\s*!"
+)
+# A degree mark is a unit, not a power: "14^\circ", "14^{\circ}", "14°".
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
+
+
+def unevaluated_arithmetic(pred: str, ground_truth: str | int) -> bool:
+    """True when ``ground_truth`` spells an integer and ``pred`` is arithmetic left to do: what
+    follows its last "=" holds an operation between numbers ("2 + 6 + 4 + 1 + 1 + 8" for 22,
+    ``\\frac{50}{2}`` or "50/2" for 25, "2^4" for 16, ``\\sqrt{196}`` for 14). math-verify
+    evaluates such an answer and credits it; DAPO's scorer compares normalised strings (keeping
+    what follows the last "=", Minerva's normalisation) and does not, and on a task whose question
+    is a sum, restating the question is then a reward hack that RL finds (the VC-PPO ladder's
+    ``value-pretraining`` seed 2 did, 2026-12-07). An equation's result stays an answer: "2 + 9 + 3
+    = 14" is 14, as DAPO reads it; a unit's power ("15 \\text{ cm}^2") and a degree mark are no
+    operation.
+
+    >>> unevaluated_arithmetic("9 + 2 + 3", 14), unevaluated_arithmetic("9 + 2 + 3 = 14", 14), unevaluated_arithmetic("-14", -14)
+    (True, False, False)
+    """
+    if parse_integer(ground_truth) is None:
+        return False  # (a symbolic ground truth is itself an expression: math-verify decides)
+    value = _DEGREES.sub(" ", _strip_units(str(pred).split("=")[-1].strip()))
+    return bool(_OPERATION.search(value))
+
+
 def decide_by_rule(pred: str, ground_truth: str | int) -> bool | None:
     """The decision that needs no verifier: integers compare as integers; an answer with words
-    the ground truth does not have (:func:`unexpected_words`) is wrong. None: ask math-verify
-    (also when the rule itself fails on an odd string: it never raises, every caller can rely on it)."""
+    the ground truth does not have (:func:`unexpected_words`), or arithmetic left undone against an
+    integer ground truth (:func:`unevaluated_arithmetic`), is wrong. None: ask math-verify (also
+    when the rule itself fails on an odd string: it never raises, every caller can rely on it)."""
     try:
         pred, ground_truth = normalize_answer(pred), normalize_answer(str(ground_truth))
         as_int = integer_equivalent(pred, ground_truth)
         if as_int is not None:
             return as_int
+        if unevaluated_arithmetic(pred, ground_truth):
+            return False
         return False if unexpected_words(pred, ground_truth) else None
     except Exception:  # noqa: BLE001 - the verifier pool decides what the rule cannot
         return None

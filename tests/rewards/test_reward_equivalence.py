@@ -48,8 +48,9 @@ def test_integer_fast_path(pred: str, gt: str, expected: bool | None) -> None:
         ("2\\sqrt{3}", "\\sqrt{12}", True),
         ("\\sqrt{12}", "2\\sqrt{3}", True),
         ("3\\sqrt{2}", "\\sqrt{12}", False),
-        # an integer written as an expression, and symbolic answers that are not integers
-        ("\\frac{50}{2}", "25", True),
+        # an integer written as an expression is arithmetic left undone (DAPO's scorer refuses it
+        # too); symbolic answers that are not integers
+        ("\\frac{50}{2}", "25", False),
         ("3\\pi", "3", False),
         ("\\pi", "\\pi", True),
         ("-\\frac{3}{4}", "-0.75", True),
@@ -95,11 +96,50 @@ def test_math_reward(response: str, gt: str, reward: float) -> None:
     assert math_reward(response, gt) == reward
 
 
+@pytest.mark.parametrize(
+    ("pred", "gt", "expected"),
+    [
+        # arithmetic left undone against an integer: the hack a policy found by restating the question
+        ("2 + 6 + 4 + 1 + 1 + 8", "22", False),
+        ("9+2+3", "14", False),
+        ("(6 + 8 + 3 + 9) + 2", "28", False),
+        ("\\dfrac{28}{2}", "14", False),
+        ("28/2", "14", False),
+        ("2^4", "16", False),
+        ("2^{4}", "16", False),
+        ("7 \\times 2", "14", False),
+        ("7 \\cdot 2", "14", False),
+        ("7*2", "14", False),
+        ("\\sqrt{196}", "14", False),
+        ("4!", "24", False),
+        ("20 − 6", "14", False),
+        # still answers: an equation's result (as DAPO's normalisation reads it), signs, degrees,
+        # a unit's power, decimals, separators
+        ("2 + 9 + 3 = 14", "14", True),
+        ("x = 14", "14", True),
+        ("-14", "-14", True),
+        ("−14", "-14", True),
+        ("(-14)", "-14", True),
+        ("14^\\circ", "14", True),
+        ("14^{\\circ}", "14", True),
+        ("14°", "14", True),
+        ("15 \\text{ cm}^2", "15", True),
+        ("14.0", "14", True),
+        ("1,000,000", "1000000", True),
+        # a symbolic ground truth is an expression itself: math-verify decides
+        ("\\frac{2}{4}", "\\frac{1}{2}", True),
+        ("2\\sqrt{3}", "\\sqrt{12}", True),
+    ],
+)
+def test_arithmetic_left_undone_is_not_an_integer_answer(pred: str, gt: str, expected: bool) -> None:
+    assert answers_equivalent(pred, gt) is expected
+
+
 def test_the_scorer_pool_decides_the_same() -> None:
     from reasonrl.rewards import RewardScorer
 
     cases = [("Answer: 42 and above", "42", -1.0), ("Answer: 3 or more", "3", -1.0), ("**Final Answer:** 42", "42", 1.0),
-             ("Answer: \\frac{1}{2}", "0.5", 1.0)]
+             ("Answer: \\frac{1}{2}", "0.5", 1.0), ("Answer: 2 + 6 + 4 + 1 + 1 + 8", "22", -1.0)]
     with RewardScorer(num_workers=1) as scorer:
         scores, stats = scorer.score_batch([c[0] for c in cases], [c[1] for c in cases])
     assert [s.reward for s in scores] == [c[2] for c in cases]

@@ -2,7 +2,9 @@
 
 Real math-verify throughout. The pathological answer ``9^{9^{9^{9}}}`` makes math-verify's
 ``verify`` evaluate an enormous integer power in sympy: against ``5`` it did not return within
-10 minutes without a timeout (and a worker stuck in it can only be killed).
+10 minutes without a timeout (and a worker stuck in it can only be killed), against ``5.5`` not
+within 25 s. Against an integer the rule now decides it (arithmetic left undone), so the tests
+that need a stuck worker score it against ``5.5``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from reasonrl.rewards import RewardScorer, Score, ScoreStats
 
 PATHOLOGICAL = "Answer: 9^{9^{9^{9}}}"
+STUCK_GT = "5.5"  # not an integer: math-verify must decide, and cannot in time
 TIMEOUT_S = 1.5
 # Slack for killing the stuck pool and starting a new one (spawn + math-verify imports) on a
 # loaded 2-core machine.
@@ -75,7 +78,7 @@ def test_pathological_item_times_out_and_pool_recovers(scorer: RewardScorer) -> 
     old_pids = scorer.pool_pids
     t0 = time.monotonic()
     scores, stats = scorer.score_batch(
-        [PATHOLOGICAL, "Answer: \\frac{2}{4}", "Answer: 12"], ["5", "0.5", "12"]
+        [PATHOLOGICAL, "Answer: \\frac{2}{4}", "Answer: 12"], [STUCK_GT, "0.5", "12"]
     )
     elapsed = time.monotonic() - t0
     assert elapsed < TIMEOUT_S + SLACK_S
@@ -106,7 +109,7 @@ def test_equivalent_pairs(scorer: RewardScorer) -> None:
 
 def test_equivalent_times_out_to_none(scorer: RewardScorer) -> None:
     stats = ScoreStats()
-    out = scorer.equivalent([("9^{9^{9^{9}}}", "5"), ("\\frac{2}{4}", "0.5"), ("9^{9^{9^{9}}}", "5"), ("12", "12")], stats=stats)
+    out = scorer.equivalent([("9^{9^{9^{9}}}", STUCK_GT), ("\\frac{2}{4}", "0.5"), ("9^{9^{9^{9}}}", STUCK_GT), ("12", "12")], stats=stats)
     assert out == [None, True, None, True]  # undecided, never raised; the collateral pair was rerun
     assert stats.timeouts == 2 and stats.verifier_calls == 2 and stats.pool_restarts == 1  # 2 items, 1 call
     assert scorer.equivalent([("\\sqrt{12}", "2\\sqrt{3}")], stats=stats) == [True]  # a fresh pool
@@ -120,7 +123,7 @@ def test_score_batch_from_a_thread(scorer: RewardScorer) -> None:
     def target() -> None:
         try:
             result.append(
-                scorer.score_batch(["Answer: \\frac{1}{2}", "Answer: 025", PATHOLOGICAL], ["0.5", "25", "5"])
+                scorer.score_batch(["Answer: \\frac{1}{2}", "Answer: 025", PATHOLOGICAL], ["0.5", "25", STUCK_GT])
             )
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
@@ -144,7 +147,7 @@ def test_worker_crash_scores_error_and_recovers() -> None:
         s.score_batch(["Answer: 0.5"], ["1/2"])
         pids = s.pool_pids
         out: list[tuple[list[Score], ScoreStats]] = []
-        t = threading.Thread(target=lambda: out.append(s.score_batch([PATHOLOGICAL], ["5"])))
+        t = threading.Thread(target=lambda: out.append(s.score_batch([PATHOLOGICAL], [STUCK_GT])))
         t.start()
         time.sleep(0.5)
         for pid in pids:

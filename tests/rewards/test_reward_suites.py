@@ -24,7 +24,7 @@ _CASES: list[dict[str, Any]] = _DATA["cases"]
 _DOC = Path(__file__).resolve().parents[2] / "docs" / "rewards.md"
 
 # The reasons docs/rewards.md gives, by the key the table uses.
-REASONS = ("free_text", "decimal_comma", "setting", "separate_boxes", "foreign_words", "suite_pins_a_bug", "list_order")
+REASONS = ("free_text", "decimal_comma", "setting", "separate_boxes", "foreign_words", "suite_pins_a_bug", "list_order", "arithmetic_left_undone")
 
 
 def _id(i: int, case: dict[str, Any]) -> str:
