@@ -30,7 +30,9 @@ _MODIFIERS = ("square", "sq", "cubic", "per")
 _UNIT_WORD = r"(?i:(?:" + "|".join(sorted(UNIT_WORDS | set(_MODIFIERS), key=len, reverse=True)) + r")\.?)(?![a-zA-Z])"
 _POWER = r"(?:\^\{?[23]\}?)?"
 _PHRASE = _UNIT_WORD + r"(?:\s+" + _UNIT_WORD + r"){0,2}" + _POWER
-_UNIT = (r"(?:\s*" + _PHRASE + r"|\s*(?:\\%|%|\^\\circ|\^\{\\circ\}|°)"
+#: A degree mark after a number: ``90^\circ``, ``90^{\circ}``, ``90°`` (a unit, not a power).
+DEGREE_MARK = r"(?:\^\s*(?:\\circ|\{\s*\\circ\s*\})|°)"
+_UNIT = (r"(?:\s*" + _PHRASE + r"|\s*(?:\\%|%|" + DEGREE_MARK + r")"
          r"|\s*\\(?:text|mbox|mathrm)\s*\{\s*" + _PHRASE + r"\s*\}" + _POWER + r")")
 _INT_RE = re.compile(
     r"^(?:\\?\$)?(?P<sign>[-+−]?)\s*(?:\\?\$)?(?P<num>[0-9]{1,3}(?:(?:,|\{,\}|\\,|\\!|\s)+[0-9]{3})+|[0-9]+)(?:\.0*)?(?:" + _UNIT + r")?$"

@@ -9,18 +9,18 @@
 3. Everything else goes to math-verify in a ``concurrent.futures.ProcessPoolExecutor`` with a
    per-item time limit. Identical (answer, ground truth) pairs of a batch are verified once.
 
-Timeouts. sympy can run for minutes or forever on some answers (``9^{9^{9^{9}}}`` against a
-decimal does not finish; against an integer the rule refuses it first). An item is given ``timeout_s`` seconds from the moment it
-is handed to an idle, warmed-up worker (at most ``num_workers`` items are in flight, so an item
-never waits in a queue on the clock). When it runs past that, the item scores -1 with status
-"timeout" and the whole pool is killed (SIGKILL) and replaced on next use: a worker stuck in
-sympy cannot be interrupted or reused, and waiting on it would hang the caller. Items that were
-running next to it keep running to their own deadlines (nothing new is handed out meanwhile), so
-items in flight together time out together, with one pool restart between them. A reward plug-in
-that times out on :data:`PLUGIN_TIMEOUTS_IN_A_ROW` responses in a row stops the run
-(:class:`RewardPluginError`); math-verify's timeouts are per answer and never stop a run. A
-worker that dies (segfault, OOM kill) breaks the pool: its items are rerun one at a time so the
-culprit is identified and scored "error".
+Timeouts. sympy can run for minutes or forever on some answers (``9^{9^{9^{9}}}`` against a decimal
+does not finish; against an integer the rule refuses it first). An item is given ``timeout_s``
+seconds from the moment it is handed to an idle, warmed-up worker (at most ``num_workers`` items
+are in flight, so an item never waits in a queue on the clock). When it runs past that, the item
+scores -1 with status "timeout" and the whole pool is killed (SIGKILL) and replaced on next use: a
+worker stuck in sympy cannot be interrupted or reused, and waiting on it would hang the caller.
+Items that were running next to it keep running to their own deadlines (nothing new is handed out
+meanwhile), so items in flight together time out together, with one pool restart between them. A
+reward plug-in that times out on :data:`PLUGIN_TIMEOUTS_IN_A_ROW` responses in a row stops the run
+(:class:`RewardPluginError`); math-verify's timeouts are per answer and never stop a run. A worker
+that dies (segfault, OOM kill) breaks the pool: its items are rerun one at a time so the culprit is
+identified and scored "error".
 
 Processes, not threads or signals: math-verify's own timeout uses ``signal.alarm``, which only
 works in the main thread; the caller here may be any thread (a rollout worker, an async reward

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from reasonrl.answers import parse_integer
+from reasonrl.answers import DEGREE_MARK, parse_integer
 from reasonrl.rewards.extract import extract_answer
 
 __all__ = [
@@ -149,7 +149,7 @@ _OPERATION = re.compile(
     r"|\\[dt]?frac(?![a-zA-Z])|\\sqrt(?![a-zA-Z])|\\binom(?![a-zA-Z])|\\choose(?![a-zA-Z])|\d\s*!"
 )
 # A degree mark is a unit, not a power: "14^\circ", "14^{\circ}", "14°".
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
+_DEGREES = re.compile(DEGREE_MARK)
 
 
 def unevaluated_arithmetic(pred: str, ground_truth: str | int) -> bool:

@@ -122,6 +122,7 @@ def test_math_reward(response: str, gt: str, reward: float) -> None:
         ("(-14)", "-14", True),
         ("14^\\circ", "14", True),
         ("14^{\\circ}", "14", True),
+        ("14^{ \\circ }", "14", True),
         ("14°", "14", True),
         ("15 \\text{ cm}^2", "15", True),
         ("14.0", "14", True),
